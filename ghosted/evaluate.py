@@ -1,0 +1,90 @@
+"""Token-level perplexity over non-overlapping windows, always reported with its protocol."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ghosted.capture import input_device
+
+Progress = Callable[[int, int], None]  # (done, total) -> None, called once per batch
+
+
+@dataclass
+class PerplexityResult:
+    """Perplexity and the protocol that produced it (so the number can be compared and reproduced)."""
+
+    ppl: float
+    nll: float  # mean negative log-likelihood per scored token (nats)
+    scored_tokens: int
+    seconds: float
+    protocol: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        p = self.protocol
+        return (f"PPL {self.ppl:.3f} on {p.get('source', '?')} ({self.scored_tokens} tokens scored, "
+                f"{p.get('n_windows', '?')} windows of {p.get('seq_len', '?')}, BOS {p.get('bos', '?')}, "
+                f"{p.get('dtype', '?')} on {p.get('device', '?')})")
+
+
+def model_dtype_device(model: nn.Module) -> tuple[str, str]:
+    param = next(model.parameters())
+    return str(param.dtype).replace("torch.", ""), str(input_device(model))
+
+
+@torch.no_grad()
+def window_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+               ) -> tuple[float, int]:
+    """Summed next-token NLL (float64) and the number of scored tokens for a (B, T) batch."""
+    device = input_device(model)
+    input_ids = input_ids.to(device)
+    mask = None if attention_mask is None else attention_mask.to(device)
+    logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
+    return nll_from_logits(logits, input_ids, mask)
+
+
+def nll_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor | None
+                    ) -> tuple[float, int]:
+    """Summed NLL of tokens 1..T-1 given their prefixes; padding targets are not scored."""
+    targets = input_ids[:, 1:].to(logits.device)  # (B, T-1)
+    shift = logits[:, :-1].float()  # (B, T-1, V)
+    nll = F.cross_entropy(shift.reshape(-1, shift.size(-1)), targets.reshape(-1), reduction="none")
+    if mask is not None:
+        keep = mask[:, 1:].reshape(-1).to(nll.device).bool()
+        nll = nll[keep]
+    return float(nll.double().sum()), int(nll.numel())
+
+
+def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progress | None = None,
+               show_tqdm: bool = True, label: str = "perplexity") -> PerplexityResult:
+    """Perplexity of ``model`` on ``windows`` (a ``TokenWindows``: (N, T) ids and a protocol dict).
+
+    Example:
+        >>> res = perplexity(model, evaluation_windows(tok, "bundled:wiki", 4096, 512))
+        >>> print(res)   # PPL 27.2 on ... (4088 tokens scored, 8 windows of 512, BOS none, ...)
+    """
+    started = time.perf_counter()
+    ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
+    total_nll, total_tokens = 0.0, 0
+    starts = range(0, ids.size(0), batch_size)
+    bar = tqdm(starts, desc=label, unit="batch", disable=not show_tqdm, leave=False)
+    for i, start in enumerate(bar):
+        batch_mask = None if mask is None else mask[start:start + batch_size]
+        nll, count = window_nll(model, ids[start:start + batch_size], batch_mask)
+        total_nll += nll
+        total_tokens += count
+        if progress:
+            progress(i + 1, len(starts))
+    mean = total_nll / max(total_tokens, 1)
+    dtype, device = model_dtype_device(model)
+    protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
+                "scored_tokens": total_tokens}
+    return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=total_tokens,
+                            seconds=time.perf_counter() - started, protocol=protocol)

