@@ -59,13 +59,15 @@ def antisymmetric_share(matrix: torch.Tensor) -> dict[str, float]:
     return {"norm_ratio": antisym, "energy_ratio": antisym**2}
 
 
-def spectra_frame(stats: BoundaryStats, ops: Operators, include_pruned: bool = True) -> pd.DataFrame:
+def spectra_frame(stats: BoundaryStats, ops: Operators,
+                  include_pruned: bool = True) -> pd.DataFrame:
     """Long frame (boundary, method, index, singular_value) of residual spectra per method.
 
     With include_pruned, the spectrum of Δ itself is added as method "pruned".
     """
     spectra = {PRUNED: delta_spectrum(stats)} if include_pruned else {}
-    spectra |= {name: residual_spectrum(stats, matrix, kind) for name, (kind, matrix) in ops.items()}
+    for name, (kind, matrix) in ops.items():
+        spectra[name] = residual_spectrum(stats, matrix, kind)
     rows = [
         pd.DataFrame({"boundary": boundary_label(stats), "method": name,
                       "index": np.arange(len(values)), "singular_value": values})

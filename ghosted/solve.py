@@ -42,8 +42,8 @@ def linearpatch_operator(stats: BoundaryStats, rotate: bool) -> torch.Tensor:
     ratio_sum = stats.lp_rot_ratio_sum if rotate else stats.lp_ratio_sum
     if ratio_sum is None or stats.n_samples == 0:
         kind = "rotated " if rotate else ""
-        raise ValueError(f"no {kind}LinearPatch ratios in these statistics "
-                         f"(accumulated with lp=False, no Hadamard of order {stats.dim}, or no samples)")
+        raise ValueError(f"no {kind}LinearPatch ratios in these statistics (accumulated with "
+                         f"lp=False, no Hadamard of order {stats.dim}, or no samples)")
     scale = ratio_sum / stats.n_samples  # (d,)
     if not rotate:
         return torch.diag(scale)  # (d, d)
@@ -78,19 +78,41 @@ def replaceme_cosine(samples_m: torch.Tensor, samples_target: torch.Tensor, *, e
     gives the same T. Hyper-parameter defaults are ReplaceMe's.
     """
     m = samples_m.float()  # (N, d)
-    target = samples_target.float()  # (N, d)
-    start = torch.eye(m.shape[1]) if init is None else init.detach().float().cpu()
-    transform = torch.nn.Parameter(start.clone().to(m.device))  # (d, d)
-    optimizer = torch.optim.Adam([transform], lr=lr)
+    target = samples_target.to(m)  # (N, d)
+    start = torch.eye(m.shape[1]) if init is None else init.detach().float()
+    transform = start.clone().to(m.device).requires_grad_(True)  # (d, d)
+    adam = _Adam(transform, lr)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
         order = torch.randperm(m.shape[0], generator=gen).to(m.device)  # (N,)
         for batch in order.split(batch_tokens):
-            optimizer.zero_grad()
             loss = cosine_loss(m[batch], target[batch], transform)
-            loss.backward()
-            optimizer.step()
+            (grad,) = torch.autograd.grad(loss, transform)
+            adam.step(grad)
     return transform.detach().double()
+
+
+class _Adam:
+    """Plain Adam (torch's defaults β = (0.9, 0.999), eps = 1e-8) on one tensor.
+
+    Written out because `torch.optim` takes seconds to import on first use.
+    """
+
+    def __init__(self, param: torch.Tensor, lr: float, betas=(0.9, 0.999), eps: float = 1e-8):
+        self.param, self.lr, self.betas, self.eps = param, lr, betas, eps
+        self.first = torch.zeros_like(param)  # running mean of gradients
+        self.second = torch.zeros_like(param)  # running mean of squared gradients
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor) -> None:
+        beta1, beta2 = self.betas
+        self.steps += 1
+        self.first.lerp_(grad, 1 - beta1)
+        self.second.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        first_hat = self.first / (1 - beta1**self.steps)
+        second_hat = self.second / (1 - beta2**self.steps)
+        self.param -= self.lr * first_hat / (second_hat.sqrt() + self.eps)
 
 
 def cosine_loss(m: torch.Tensor, target: torch.Tensor, transform: torch.Tensor) -> torch.Tensor:
@@ -157,7 +179,8 @@ def _gram_pinv(gram: torch.Tensor, rcond: float) -> torch.Tensor:
 
 def _require_mlp(stats: BoundaryStats) -> tuple[torch.Tensor, torch.Tensor]:
     if stats.mtm is None or stats.mtd is None:
-        raise ValueError("ReplaceMe needs MLP-branch statistics: accumulate with with_mlp=True and m")
+        raise ValueError("ReplaceMe needs MLP-branch statistics: "
+                         "accumulate with with_mlp=True and pass m")
     return stats.mtm, stats.mtd
 
 

@@ -46,7 +46,7 @@ class TokenReservoir:
         return cls(capacity=capacity, m=rows, target=rows.clone())
 
     def offer(self, m_rows: torch.Tensor, target_rows: torch.Tensor, gen: torch.Generator) -> None:
-        """Algorithm R over a batch of rows (N, d); the last writer to a slot wins, as in sequence."""
+        """Algorithm R over a batch of rows (N, d); the last writer to a slot wins, as in order."""
         n = m_rows.shape[0]
         index = self.seen + torch.arange(n, dtype=torch.float64)  # (N,) global token index
         draw = (torch.rand(n, generator=gen, dtype=torch.float64) * (index + 1)).floor()
@@ -182,7 +182,8 @@ class BoundaryAccumulator:
                m: torch.Tensor | None = None, sink: torch.Tensor | None = None) -> None:
         """Add one batch. x, y, m: (B, T, d) any float dtype/device; valid, sink: (B, T) bool."""
         if self.with_mlp != (m is not None):
-            raise ValueError(f"with_mlp={self.with_mlp} but m {'missing' if m is None else 'given'}")
+            state = "missing" if m is None else "given"
+            raise ValueError(f"with_mlp={self.with_mlp} but m is {state}")
         x, y = self._float64(x), self._float64(y)  # (B, T, d)
         m = None if m is None else self._float64(m)  # (B, T, d)
         valid = valid.to(self.device, torch.bool)  # (B, T)
@@ -215,7 +216,8 @@ class BoundaryAccumulator:
     def _float64(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(device=self.device, dtype=torch.float64)
 
-    def _add_linearpatch_ratios(self, x: torch.Tensor, y: torch.Tensor, valid: torch.Tensor) -> None:
+    def _add_linearpatch_ratios(self, x: torch.Tensor, y: torch.Tensor,
+                                valid: torch.Tensor) -> None:
         """Per sequence: mean_t|y_tc| / mean_t|x_tc| over its valid tokens, in both bases."""
         has_tokens = valid.any(dim=1)  # (B,)
         self.lp_ratio_sum += _sequence_ratio(x, y, valid)[has_tokens].sum(0)
@@ -236,7 +238,8 @@ class _MomentSums:
         self.mtm = zeros(dim, dim) if with_mlp else None
         self.mtd = zeros(dim, dim) if with_mlp else None
 
-    def add(self, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None, mask: torch.Tensor) -> None:
+    def add(self, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None,
+            mask: torch.Tensor) -> None:
         """Add the tokens selected by mask (B, T) from x, y, m: (B, T, d) float64."""
         x, y = x[mask], y[mask]  # (N, d)
         delta = y - x  # (N, d)

@@ -207,9 +207,9 @@ def _hub_documents(spec: HubSpec, part: str) -> tuple[str, list[str]]:
 
 
 def _tokenizer_key(tokenizer) -> tuple:
-    """Identify a tokenizer for caching: where it came from and its vocabulary size."""
+    """Identify a tokenizer for caching: where it came from (else the object) and its vocab size."""
     gguf = getattr(tokenizer, "init_kwargs", {}).get("gguf_file")
-    return (type(tokenizer).__name__, tokenizer.name_or_path, gguf, len(tokenizer))
+    return (type(tokenizer).__name__, tokenizer.name_or_path or id(tokenizer), gguf, len(tokenizer))
 
 
 def _part_ids(tokenizer, source, part: str) -> tuple[torch.Tensor, str, str]:
@@ -293,6 +293,6 @@ def evaluation_windows(tokenizer, source: str | os.PathLike | TextSource = "bund
         raise ValueError(f"{describe_source(source, 'evaluation')} has {available} tokens: "
                          f"{n_windows} windows of {seq_len} need {n_windows * width}. Lower "
                          f"{fix}, or use a longer source.")
-    chunks = ids[: n_windows * width].view(n_windows, width)  # (n_windows, width)
+    chunks = ids[: n_windows * width].view(n_windows, width).clone()  # (n_windows, width), not a view of the cache
     return _windows(chunks, bos, dict(source=name, part=split, available_tokens=available,
                                       sampling="consecutive non-overlapping"))

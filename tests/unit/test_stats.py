@@ -83,7 +83,8 @@ def test_linearpatch_ratios_use_valid_tokens_of_each_sequence():
 
 
 def test_low_precision_inputs_are_accumulated_in_float64():
-    batches = [tuple(t.bfloat16() if t.is_floating_point() else t for t in b) for b in make_batches()]
+    as_bf16 = lambda t: t.bfloat16() if t.is_floating_point() else t  # noqa: E731
+    batches = [tuple(as_bf16(t) for t in batch) for batch in make_batches()]
     stats = accumulate(batches)
     assert stats.xtx.dtype == torch.float64
     assert_moments_match(stats, *stacked(batches))
@@ -152,7 +153,8 @@ def test_sink_split_adds_up():
 def test_merge_equals_accumulating_everything():
     batches = make_batches(n_batches=4)
     whole = accumulate(batches, reservoir_tokens=6)
-    merged = accumulate(batches[:1], reservoir_tokens=6) + accumulate(batches[1:], reservoir_tokens=6)
+    first, rest = batches[:1], batches[1:]
+    merged = accumulate(first, reservoir_tokens=6) + accumulate(rest, reservoir_tokens=6)
     assert merged.n_tokens == whole.n_tokens and merged.n_samples == whole.n_samples
     for name in ("xtx", "xtd", "dtd", "mtm", "mtd", "lp_ratio_sum", "lp_rot_ratio_sum"):
         torch.testing.assert_close(getattr(merged, name), getattr(whole, name))

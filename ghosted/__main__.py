@@ -1,0 +1,5 @@
+import sys
+
+from ghosted.cli import main
+
+sys.exit(main())

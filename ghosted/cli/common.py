@@ -1,0 +1,56 @@
+"""Flags shared by several subcommands (model, text, protocol, device)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ghosted.assets import BUNDLED_MODEL
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", default=BUNDLED_MODEL,
+                   help="bundled model (default), local Hugging Face folder, local .gguf file or hub id")
+    g.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
+    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    g.add_argument("--device-map", default=None,
+                   help="pass 'auto' to shard a model larger than one device (accelerate)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="run code shipped with a hub model (off by default)")
+
+
+def add_text_args(p: argparse.ArgumentParser, calib: bool = True, evaluation: bool = True) -> None:
+    g = p.add_argument_group("text and protocol")
+    if calib:
+        g.add_argument("--calib", default="bundled:news",
+                       help="calibration text: bundled:news, bundled:wiki, a .txt/.jsonl file, or a "
+                            "dataset name (wikitext-2-raw-v1, c4, ptb, hf:NAME[:CONFIG]) when online")
+        g.add_argument("--calib-seqs", type=int, default=32, help="calibration sequences (default 32)")
+        g.add_argument("--seq-len", type=int, default=256, help="calibration sequence length (default 256)")
+        g.add_argument("--heldout-seqs", type=int, default=8,
+                       help="extra calibration windows kept out of the fit for held-out errors (default 8)")
+        g.add_argument("--seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
+    if evaluation:
+        g.add_argument("--eval", default="bundled:wiki",
+                       help="evaluation text, same choices as --calib (default bundled:wiki)")
+        g.add_argument("--eval-tokens", type=int, default=16384, help="evaluation tokens (default 16384)")
+        g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window (default 512)")
+    g.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
+
+
+def load_from_args(args):
+    from ghosted.loading import load_model
+
+    return load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                      trust_remote_code=args.trust_remote_code)
+
+
+def write_json(path: str | None, payload: dict) -> None:
+    if not path:
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {path}", file=sys.stderr)
