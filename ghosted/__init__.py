@@ -1,3 +1,270 @@
-"""Ghosted: prune whole decoder layers from causal LMs and recover them without training."""
+"""Ghosted: prune whole decoder layers from causal LMs and recover them without training.
+
+The functions a notebook needs, in the order one uses them::
+
+    import ghosted
+    lm = ghosted.load()                                   # bundled SmolLM2-135M-Instruct
+    calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)   # calibration windows
+    report = ghosted.influence(lm, calib, n_values=[7])   # layer-selection criteria
+    drop, why = ghosted.select(report, "recoverability", 7)
+    run = ghosted.fit(lm, drop, calib, methods=["ghost"])   # one recovered model per method
+    ghosted.evaluate(run.results["ghost"].model, lm)      # perplexity, with its protocol
+    ghosted.save(run.results["ghost"].model, "out", lm, recipe=run)
+    lm2 = ghosted.load("out")                             # the same model back
+
+Nothing heavy is imported until a function is called. ``calibrate``, ``influence``, ``prune``,
+``evaluate`` and ``generate`` are also the names of submodules: ``ghosted.prune`` is that module
+(``ghosted.prune.parse_layers`` works) and calling it runs the function documented below.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+import types
+from pathlib import Path
 
 __version__ = "0.1.0"
+
+
+def _model_of(obj):
+    """The nn.Module inside a ``LoadedModel`` (or the object itself)."""
+    return getattr(obj, "model", obj) if hasattr(obj, "tokenizer") else obj
+
+
+def _tokenizer_of(obj):
+    """The tokenizer of a ``LoadedModel`` (or the object itself)."""
+    return obj.tokenizer if hasattr(obj, "tokenizer") and hasattr(obj, "model") else obj
+
+
+def load(source: str | None = None, **options):
+    """Load a model and its tokenizer as a ``LoadedModel`` (``.model``, ``.tokenizer``).
+
+    ``source`` is the bundled model (default), a Hugging Face folder, a .gguf file or a hub id; a
+    folder written by ``save`` comes back with its recovery operators. ``options`` are those of
+    ``ghosted.loading.load_model`` (device, dtype, device_map, offload_folder, revision, ...).
+
+    Example:
+        >>> lm = ghosted.load()                                  # CPU, float32
+        >>> lm = ghosted.load("./Llama-3.1-8B", dtype="bfloat16", device_map="auto")
+    """
+    from ghosted.export import RECIPE_FILE, load_recovered
+    from ghosted.loading import load_model
+
+    if source is not None and (Path(source).expanduser() / RECIPE_FILE).exists():
+        return load_recovered(source, **options)
+    return load_model(source, **options) if source is not None else load_model(**options)
+
+
+def _calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len: int = 256,
+              seed: int = 0):
+    """Calibration text as ``TokenWindows``: ``n_seqs`` random windows of ``seq_len`` tokens.
+
+    ``tokenizer`` may be a ``LoadedModel``. Sources: "bundled:news" (default), "bundled:wiki", a
+    .txt/.jsonl file, or a hub dataset when online. Calibration uses the first 80 % of a source's
+    documents, evaluation the last 20 %, so the two never share text.
+
+    Example:
+        >>> calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)
+        >>> calib.input_ids.shape                                # (16, 128)
+    """
+    from ghosted.text import calibration_windows
+
+    return calibration_windows(_tokenizer_of(tokenizer), source, n_seqs, seq_len, seed)
+
+
+def _influence(model, windows, heldout=None, **config):
+    """Layer-selection criteria of ``model`` on ``windows`` as an ``InfluenceReport``.
+
+    ``config`` are fields of ``ghosted.influence.InfluenceConfig`` (metrics, n_values, ...).
+
+    Example:
+        >>> report = ghosted.influence(lm, calib, n_values=[7])
+        >>> report.matrix("recoverability")                      # start × n, lower is better
+    """
+    module = importlib.import_module("ghosted.influence")
+    cfg = module.InfluenceConfig(**config) if config else None
+    return module.influence(_model_of(model), windows, cfg, heldout=heldout, show_tqdm=False)
+
+
+def select(source, metric: str, n: int, windows=None, heldout=None, config=None):
+    """The ``n`` layers criterion ``metric`` removes, and a sentence saying why.
+
+    ``source`` is an ``InfluenceReport``, or a model with ``windows`` (only ``metric`` is computed).
+
+    Example:
+        >>> drop, why = ghosted.select(report, "recoverability", 7)   # e.g. [20, ..., 26]
+    """
+    from ghosted.selection import select as select_layers
+
+    return select_layers(source, metric, n, windows=windows, heldout=heldout, config=config)
+
+
+def fit(model, drop, calib, methods=("ghost",), heldout=None, progress=None, **settings):
+    """Prune ``drop`` and fit each recovery method on ``calib``: a ``RecoveryRun``.
+
+    ``methods`` is a name or a list (none, ghost, ghost-robust, ghost-auto, replaceme-ls,
+    replaceme-cos, linearpatch-diag, linearpatch-rotate). ``settings`` are fields of
+    ``RecoveryConfig`` (eps, solver, mode, granularity, ...) or of ``CalibrationConfig``
+    (batch_size, seed, ...). ``model`` is never changed; every method gets a new model.
+
+    Example:
+        >>> run = ghosted.fit(lm, "20-26", calib, methods=["none", "ghost"])
+        >>> run.results["ghost"].model        # the recovered model
+        >>> run.errors()                      # boundary errors per gap and method
+    """
+    from dataclasses import fields
+
+    from ghosted.calibrate import CalibrationConfig
+    from ghosted.recover import RecoveryConfig, recover
+
+    calib_names = {f.name for f in fields(CalibrationConfig)}
+    recovery_names = {f.name for f in fields(RecoveryConfig)} - {"calibration"}
+    unknown = set(settings) - calib_names - recovery_names
+    if unknown:
+        raise TypeError(f"Unknown settings {sorted(unknown)}; use fields of RecoveryConfig "
+                        f"({', '.join(sorted(recovery_names))}) or CalibrationConfig "
+                        f"({', '.join(sorted(calib_names))}).")
+    calibration = CalibrationConfig(**{k: v for k, v in settings.items() if k in calib_names})
+    config = RecoveryConfig(calibration=calibration,
+                            **{k: v for k, v in settings.items() if k in recovery_names})
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress,
+                   show_tqdm=False)
+
+
+def _prune(model, drop):
+    """A new model without layers ``drop`` (e.g. "20-26" or [3, 7]), sharing the kept weights.
+
+    Plain pruning, no recovery (``fit`` gives recovered models).
+
+    Example:
+        >>> pruned = ghosted.prune(lm, "20-26")
+        >>> pruned.config.num_hidden_layers                      # 23 for SmolLM2's 30 layers
+    """
+    from ghosted.prune import prune as prune_layers
+
+    return prune_layers(_model_of(model), drop)
+
+
+def _evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384, seq_len: int = 512,
+             batch_size: int = 4):
+    """Perplexity of ``model`` as a ``PerplexityResult`` (ppl, nll, scored tokens, protocol).
+
+    ``data`` is ``TokenWindows``, or a tokenizer / ``LoadedModel`` to cut ``tokens`` tokens of
+    ``source`` (its evaluation part) into windows of ``seq_len``. ``ghosted.evaluate(lm)``
+    evaluates a ``LoadedModel`` on its own tokenizer.
+
+    Example:
+        >>> print(ghosted.evaluate(run.results["ghost"].model, lm, tokens=4096))
+        PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
+    """
+    from ghosted.evaluate import perplexity
+    from ghosted.text import evaluation_windows
+
+    data = model if data is None else data
+    windows = data
+    if not hasattr(data, "input_ids"):
+        windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len)
+    return perplexity(_model_of(model), windows, batch_size=batch_size, show_tqdm=False)
+
+
+def _generate(model, tokenizer, prompts, **overrides):
+    """Continue each prompt (greedy by default); returns the new text of each.
+
+    ``tokenizer`` may be a ``LoadedModel``; ``overrides`` are ``GenerationConfig`` fields
+    (max_new_tokens, greedy, temperature, chat, ...).
+
+    Example:
+        >>> ghosted.generate(model, lm, "The capital of France is", max_new_tokens=10)
+        [' Paris, ...']
+    """
+    from ghosted.generate import generate as continue_prompts
+
+    return continue_prompts(_model_of(model), _tokenizer_of(tokenizer), prompts, **overrides)
+
+
+def save(model, path, tokenizer=None, recipe=None):
+    """Save a recovered model as a Hugging Face folder plus operators and ``ghosted_recipe.json``.
+
+    See ``ghosted.export.save_recovered``; ``ghosted.load(path)`` brings it back.
+
+    Example:
+        >>> ghosted.save(run.results["ghost"].model, "smollm2-ghost", lm, recipe=run)
+    """
+    from ghosted.export import save_recovered
+
+    return save_recovered(_model_of(model), path, tokenizer, recipe)
+
+
+def save_recovered(model, path, tokenizer=None, recipe=None):
+    """Same as ``save``: ``ghosted.export.save_recovered``.
+
+    Example:
+        >>> ghosted.save_recovered(model, "out", lm, recipe=run)
+    """
+    return save(model, path, tokenizer, recipe)
+
+
+def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):
+    """Load a folder written by ``save``, operators re-attached: a ``LoadedModel``.
+
+    Example:
+        >>> lm = ghosted.load_recovered("smollm2-ghost")
+        >>> lm.extra["recipe"]["dropped_spec"]                   # "20-26"
+    """
+    from ghosted.export import load_recovered as load_saved
+
+    return load_saved(path, device=device, dtype=dtype, **options)
+
+
+# ------------------------------------------------------------------ names shared with submodules
+_CALLABLE_SUBMODULES = {"calibrate": _calibrate, "influence": _influence, "prune": _prune,
+                        "evaluate": _evaluate, "generate": _generate}
+__all__ = ["load", "calibrate", "influence", "select", "fit", "prune", "evaluate", "generate",
+           "save", "save_recovered", "load_recovered", "__version__"]
+
+
+class _CallableModule(types.ModuleType):
+    """A submodule that can also be called, so ``ghosted.prune`` is both the module and the API."""
+
+
+def _callable(module: types.ModuleType, function) -> types.ModuleType:
+    """Give ``module`` a ``__call__`` running ``function`` (module attributes are unchanged)."""
+    if not isinstance(module, _CallableModule):
+        @functools.wraps(function)
+        def call(self, *args, **kwargs):
+            return function(*args, **kwargs)
+        call.__name__ = call.__qualname__ = module.__name__.rsplit(".", 1)[-1]
+        signature = inspect.signature(function)  # shown for ghosted.prune? / help: no ``self``
+        call.__signature__ = signature.replace(parameters=[
+            inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()])
+        module.__class__ = type(f"Callable_{call.__name__}", (_CallableModule,), {"__call__": call})
+    return module
+
+
+class _Package(types.ModuleType):
+    """The ``ghosted`` package: when Python binds a submodule named like an API function, the
+    submodule becomes callable instead of hiding the function."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _CALLABLE_SUBMODULES and isinstance(value, types.ModuleType):
+            value = _callable(value, _CALLABLE_SUBMODULES[name])
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str):
+    """``ghosted.prune`` and the like: import the submodule, which ``_Package`` makes callable."""
+    if name in _CALLABLE_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(__all__) | {name for name in globals() if not name.startswith("_")} - {
+        "annotations", "functools", "importlib", "inspect", "sys", "types", "Path"})

@@ -72,7 +72,10 @@ class Tap:
 
     def _mlp_hook(self, j: int):
         def hook(module, args, output):
-            self._current.mlp[j] = hidden_of(output)
+            hidden = hidden_of(output)
+            if hidden.dim() == 2:  # OPT runs its MLP on flattened (B·T, d) tokens
+                hidden = hidden.view(*self._batch_shape, hidden.size(-1))  # (B, T, d)
+            self._current.mlp[j] = hidden
         return hook
 
     def detach(self) -> None:
@@ -84,6 +87,7 @@ class Tap:
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Captured:
         """One forward pass over (B, T) token ids; returns the captured tensors."""
         self._current = Captured()
+        self._batch_shape = tuple(input_ids.shape)  # (B, T)
         device = input_device(self.view)
         try:
             self.view(input_ids=input_ids.to(device),
@@ -130,4 +134,8 @@ def input_device(model: nn.Module) -> torch.device:
     """Device where token ids must go (the embedding's device, also under ``device_map``)."""
     from ghosted.arch import embedding_of
 
-    return embedding_of(model).weight.device
+    embedding = embedding_of(model)
+    execution = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
+    if execution is not None:  # accelerate: an offloaded embedding's weight lives on "meta"
+        return torch.device(execution)
+    return embedding.weight.device

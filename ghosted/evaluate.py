@@ -88,3 +88,19 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
                 "scored_tokens": total_tokens}
     return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=total_tokens,
                             seconds=time.perf_counter() - started, protocol=protocol)
+
+
+@torch.no_grad()
+def forward_latency(model: nn.Module, input_ids: torch.Tensor, repeats: int = 3) -> float:
+    """Median seconds of one forward pass over ``input_ids`` (B, T), after one warm-up pass.
+
+    A like-for-like speed figure for comparing variants of one model on the same batch.
+    """
+    ids = input_ids.to(input_device(model))
+    model(input_ids=ids, use_cache=False)  # warm-up: allocations, lazy initialisation
+    times = []
+    for _ in range(max(1, repeats)):
+        started = time.perf_counter()
+        model(input_ids=ids, use_cache=False)
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]

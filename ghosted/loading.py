@@ -37,6 +37,7 @@ class LoadConfig:
     device_map: str | dict | None = None  # e.g. "auto" to shard a model larger than one GPU
     trust_remote_code: bool = False  # run code shipped with a hub model; off unless asked for
     revision: str | None = None  # hub revision (branch, tag or commit)
+    offload_folder: str | None = None  # with device_map: where layers that fit nowhere go on disk
 
 
 @dataclass
@@ -127,10 +128,11 @@ def _from_pretrained(location: str, cfg: LoadConfig, dtype: torch.dtype, offline
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    offload = {"offload_folder": cfg.offload_folder} if cfg.offload_folder else {}
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=dtype, device_map=cfg.device_map, **kwargs)
+            location, dtype=dtype, device_map=cfg.device_map, **offload, **kwargs)
     except (OSError, ValueError) as err:
         if offline_hint:
             raise ModelLoadError(

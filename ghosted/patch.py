@@ -44,6 +44,47 @@ class BranchOperator(StreamOperator):
     """m -> m·T on an MLP-branch output (ReplaceMe's map), same numerics as StreamOperator."""
 
 
+class RobustStreamOperator(StreamOperator):
+    """h -> h·W for ordinary tokens; sink tokens get their own map (a constant, or x·A + b).
+
+    Which tokens are sinks comes from a shared ``SinkContext`` (position 0 of the prompt, set by a
+    pre-hook on the layer stack, so decoding steps with the KV cache are never sinks) and, when the
+    rule has a norm threshold, from ‖h‖ itself.
+    """
+
+    def __init__(self, weight: torch.Tensor, sink_map, context, boundary=(-1, -1), method: str = ""):
+        super().__init__(weight, boundary, method)
+        self.sink_constant = nn.Parameter(sink_map.constant.detach().float().clone(), requires_grad=False)  # (d,)
+        linear = sink_map.linear
+        self.sink_linear = None if linear is None else nn.Parameter(
+            linear.detach().float().clone(), requires_grad=False)  # (d, d)
+        self.context = context
+
+    def sink_mask(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        mask = self.context.mask
+        threshold = self.context.rule.norm_threshold
+        if threshold is not None:
+            by_norm = hidden.float().norm(dim=-1) > threshold  # (B, T)
+            mask = by_norm if mask is None else mask.to(hidden.device) | by_norm
+        return None if mask is None else mask.to(hidden.device)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = super().forward(hidden)  # (B, T, d)
+        mask = self.sink_mask(hidden)
+        if mask is None or mask.shape != hidden.shape[:2] or not bool(mask.any()):
+            return out
+        constant = self.sink_constant.to(hidden.device)
+        if self.sink_linear is None:
+            sink_values = constant.expand_as(out)
+        else:
+            sink_values = hidden.float() @ self.sink_linear.to(hidden.device) + constant  # (B, T, d)
+        return torch.where(mask[..., None], sink_values.to(out.dtype), out)
+
+    def extra_repr(self) -> str:
+        kind = "constant" if self.sink_linear is None else "affine"
+        return f"{super().extra_repr()}, sinks={self.context.rule.describe()} -> {kind}"
+
+
 @dataclass
 class PatchSite:
     """Where operators go in the pruned model: after pruned layer ``index``, or before layer 0."""
@@ -114,6 +155,9 @@ def fold_branch_operator(model: nn.Module, layer_index: int, transform: torch.Te
                          "map cannot be folded into a weight; use the hooked form.")
     layer = layers_of(model)[layer_index]
     linear = private_submodule(layer, path)
+    if linear.weight.device.type == "meta":  # accelerate offload reloads the original at every call
+        raise ValueError(f"Layer {layer_index} is offloaded (device_map), so ReplaceMe's map cannot be "
+                         "folded into its weight; use the hooked form (replaceme_fold=False).")
     t = transform.double().to(linear.weight.device)  # (d, d)
     weight = linear.weight.double()
     is_conv1d = type(linear).__name__ == "Conv1D"  # GPT-2 stores (in, out) and computes x·W + b

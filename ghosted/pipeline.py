@@ -41,6 +41,8 @@ class RunConfig:
     dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
     seed: int = 0  # which calibration windows are drawn
     drop: str = ""  # layers to remove, 0-based, e.g. "20-26" or "3,7,9-11"
+    select: str = ""  # or: choose the layers by this influence criterion (ghosted.influence.CRITERIA)
+    n: int = 0  # how many layers ``select`` removes
     methods: list[str] = field(default_factory=lambda: ["dense", "none", "ghost"])
     ghost_mode: str = "independent"  # or "sequential"
     granularity: str = "auto"  # operator per contiguous block or per removed layer
@@ -83,7 +85,7 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     from ghosted.arch import num_layers
 
-    dropped = parse_layers(cfg.drop, num_layers(lm.model))
+    dropped, selection = _layers_to_drop(cfg, lm)
     methods = list(dict.fromkeys(cfg.methods))
     eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
     run, calib_proto = None, None
@@ -108,13 +110,33 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
         entries.append(_entry(name, res, run, errors, model))
     report = {
         "model": lm.name, "model_source": lm.source, "dropped": dropped,
-        "dropped_spec": format_layers(dropped), "layers": num_layers(lm.model),
+        "dropped_spec": format_layers(dropped), "layers": num_layers(lm.model), "selection": selection,
         "config": asdict(cfg), "protocol": {"evaluation": entries[0]["protocol"] if entries else {},
                                             "calibration": calib_proto},
         "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
         "versions": versions(), "seconds": round(time.perf_counter() - started, 2),
     }
     return report, run
+
+
+def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | None]:
+    """``cfg.drop`` parsed, or the layers ``cfg.select`` chooses on the calibration windows (and why)."""
+    from ghosted.arch import num_layers
+
+    if not cfg.select:
+        return parse_layers(cfg.drop, num_layers(lm.model)), None
+    if cfg.drop:
+        raise ValueError("Give either layers to drop or a criterion to select them with, not both.")
+    from ghosted.influence import InfluenceConfig
+    from ghosted.selection import select
+
+    calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
+    fit, held = split_calibration(calib, cfg.heldout_seqs)
+    started = time.perf_counter()
+    layers, reason = select(lm.model, cfg.select, cfg.n, windows=fit, heldout=held,
+                            config=InfluenceConfig(batch_size=cfg.batch_size, eps=cfg.eps, solver=cfg.solver))
+    return layers, {"metric": cfg.select, "n": cfg.n, "layers": layers, "reason": reason,
+                    "seconds": round(time.perf_counter() - started, 2)}
 
 
 def _entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict:
@@ -143,6 +165,8 @@ def format_table(report: dict) -> str:
                      f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}")
     ev = report["protocol"]["evaluation"]
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
+    if report.get("selection"):
+        lines.append(f"selected by {report['selection']['reason']}")
     lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
                  f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
                  f"{ev.get('dtype')} on {ev.get('device')}")

@@ -2,9 +2,14 @@
 
 Methods (all training-free, all behind one interface):
   * ``none``: plain pruning.
-  * ``ghost``: the paper's W = I + M on the residual stream, (XᵀX + εI)M = XᵀΔ in float64.
+  * ``ghost``: the paper's method exactly: W = I + M on the residual stream,
+    (XᵀX + εI)M = XᵀΔ in float64.
+  * ``ghost-robust``: W fitted on non-sink tokens, sink tokens mapped apart (see ``sinks.py``).
+  * ``ghost-auto``: per gap, ``ghost`` or ``ghost-robust``, whichever has the lower next-token
+    NLL on held-out calibration windows.
   * ``replaceme-ls`` / ``replaceme-cos``: a map T on the MLP output of the last kept layer, folded
-    into its output projection (least squares, or ReplaceMe's cosine objective with Adam).
+    into its output projection (least squares, or ReplaceMe's cosine objective with Adam);
+    ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
   * ``linearpatch-diag`` / ``linearpatch-rotate``: LinearPatch's channel scaling, plain or in a
     Hadamard basis.
 The input model is never modified; each method gets its own model object sharing the kept weights.
@@ -14,24 +19,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 import torch
 from torch import nn
 
-from ghosted import solve
-from ghosted.analysis import antisymmetric_share, error_frame, spectra_frame
+from ghosted import diagnostics, solve
 from ghosted.arch import num_layers
+from ghosted.assemble import GapFit, assemble
 from ghosted.calibrate import CalibrationConfig, Gap, collect_stats, gaps_of
-from ghosted.patch import (BranchOperator, StreamOperator, attach_branch_operator,
-                           attach_stream_operators, fold_branch_operator, site_for_gap)
 from ghosted.prune import build_variant, parse_layers
+from ghosted.robust import fit_robust
+from ghosted.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.stats import BoundaryStats
 
-STREAM_METHODS = ("ghost", "linearpatch-diag", "linearpatch-rotate")
-BRANCH_METHODS = ("replaceme-ls", "replaceme-cos")
+STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate")
+BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
 METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS)
+SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -50,7 +56,14 @@ class RecoveryConfig:
     cos_epochs: int = 10  # ReplaceMe-cosine: Adam epochs over the token reservoir (its default)
     cos_lr: float = 1e-4  # ReplaceMe-cosine learning rate (its default)
     cos_batch_tokens: int = 1024  # ReplaceMe-cosine minibatch (its default)
+    sink_position: bool = True  # robust methods: the first token of each sequence is a sink
+    sink_norm_factor: float | None = None  # robust methods: also tokens with ‖x‖ > factor × median
+    sink_map: str = "constant"  # what sinks become: "constant" (mean X_post) or "affine"
+    choose_ridge: bool = True  # robust methods: pick the ridge on held-out calibration tokens
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+
+    def sink_rule(self) -> SinkRule:
+        return SinkRule(position=self.sink_position, norm_factor=self.sink_norm_factor)
 
 
 @dataclass
@@ -66,6 +79,8 @@ class MethodResult:
     solve_seconds: float
     calib_seconds: float
     notes: list[str] = field(default_factory=list)
+    fits: dict[Gap, GapFit] = field(default_factory=dict)  # full description incl. sink maps
+    choices: list[dict] = field(default_factory=list)  # what auto / ridge selection chose and why
 
 
 @dataclass
@@ -78,40 +93,37 @@ class RecoveryRun:
     results: dict[str, MethodResult]
     calib_seconds: float
     protocol: dict = field(default_factory=dict)
+    sinks: pd.DataFrame = field(default_factory=pd.DataFrame)  # sink report per gap (robust methods)
 
     def errors(self) -> pd.DataFrame:
-        """Boundary error per gap, method and split (fit / heldout)."""
-        frames = [error_frame(r.stats[g], (r.heldout or {}).get(g), {name: _as_op(r, g)},
-                              include_pruned=False)
-                  for name, r in self.results.items() if r.kind != "none" for g in r.operators]
-        first = next(iter(self.results.values()))
-        frames += [error_frame(first.stats[g], (first.heldout or {}).get(g), {}, include_pruned=True)
-                   for g in first.stats]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        """Boundary error per gap, method ("pruned" = no recovery) and split (fit / heldout)."""
+        rows = []
+        for name, r in self.results.items():
+            label = "pruned" if name == "none" else name
+            for split, stats in (("fit", r.stats), ("heldout", r.heldout or {})):
+                rows += [diagnostics.error_rows(label, g, r.fits.get(g), s, split) for g, s in stats.items()]
+        return pd.DataFrame(rows)
 
     def spectra(self) -> pd.DataFrame:
-        """Singular values of Δ ("pruned") and of each method's residual, per gap."""
+        """Singular values of Δ ("pruned") and of each method's residual, per gap (fit tokens)."""
         frames = []
         for name, r in self.results.items():
-            for g, stats in r.stats.items():
-                ops = {name: _as_op(r, g)} if g in r.operators else {}
-                frames.append(spectra_frame(stats, ops, include_pruned=name == "none" or not frames))
-        return pd.concat(frames, ignore_index=True).drop_duplicates(["boundary", "method", "index"])
+            for g, s in r.stats.items():
+                frames.append(diagnostics.spectrum_frame(name, g, r.fits.get(g), s))
+                frames.append(diagnostics.spectrum_frame("pruned", g, None, s))
+        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        frame = frame[frame.method != "none"] if len(frame) else frame
+        return frame.drop_duplicates(["boundary", "method", "index"]).reset_index(drop=True)
 
     def asymmetry(self) -> pd.DataFrame:
         """Antisymmetric share of M = W − I for every full-stream operator."""
-        rows = []
-        for name, r in self.results.items():
-            for g, w in r.operators.items():
-                if r.kind == "stream":
-                    eye = torch.eye(w.shape[0], dtype=w.dtype, device=w.device)
-                    rows.append({"method": name, "boundary": f"{g.start}-{g.end}",
-                                 **antisymmetric_share(w - eye)})
-        return pd.DataFrame(rows)
+        return pd.DataFrame([diagnostics.asymmetry_row(name, g, f.stream)
+                             for name, r in self.results.items() for g, f in r.fits.items()
+                             if f.stream is not None])
 
-
-def _as_op(result: MethodResult, gap: Gap):
-    return ("mlp" if result.kind == "branch" else "stream", result.operators[gap])
+    def choices(self) -> pd.DataFrame:
+        """What ``ghost-auto`` and the robust ridge search chose, per gap, and why."""
+        return pd.DataFrame([c for r in self.results.values() for c in r.choices])
 
 
 def resolve_gaps(dropped: list[int], granularity: str) -> list[Gap]:
@@ -125,55 +137,54 @@ def resolve_gaps(dropped: list[int], granularity: str) -> list[Gap]:
 
 def stream_model(model: nn.Module, dropped: list[int], operators: dict[Gap, torch.Tensor],
                  method: str) -> nn.Module:
-    """The pruned model with full-stream operators at their gaps (chained in gap order per site)."""
-    keep = [i for i in range(num_layers(model)) if i not in set(dropped)]
-    sites: dict = {}
-    for gap in sorted(operators, key=lambda g: g.start):
-        site = site_for_gap(keep, gap.start)
-        sites.setdefault((site.index, site.before), (site, []))[1].append(
-            StreamOperator(operators[gap], (gap.start, gap.end), method))
-    new = build_variant(model, keep, clone=[keep[s.index] for s, _ in sites.values()])
-    for site, ops in sites.values():
-        attach_stream_operators(new, site, ops)
-    return new
+    """The pruned model with full-stream operators W at their gaps."""
+    return assemble(model, dropped, {g: GapFit(stream=w) for g, w in operators.items()}, method)
 
 
 def branch_model(model: nn.Module, dropped: list[int], operators: dict[Gap, torch.Tensor],
                  method: str, fold: bool = True) -> nn.Module:
-    """The pruned model with ReplaceMe maps on the MLP branch of the layer before each gap."""
-    keep = [i for i in range(num_layers(model)) if i not in set(dropped)]
-    targets = {gap: site_for_gap(keep, gap.start) for gap in operators}
-    new = build_variant(model, keep, clone=[keep[s.index] for s in targets.values()])
-    for gap, site in targets.items():
-        if fold:
-            fold_branch_operator(new, site.index, operators[gap])
-        else:
-            attach_branch_operator(new, site.index, BranchOperator(operators[gap], (gap.start, gap.end), method))
-    return new
+    """The pruned model with ReplaceMe maps T on the MLP branch of the layer before each gap."""
+    return assemble(model, dropped, {g: GapFit(branch=t) for g, t in operators.items()}, method, fold)
 
 
-def _fit(method: str, stats: BoundaryStats, cfg: RecoveryConfig) -> torch.Tensor:
-    if method == "ghost":
-        return solve.ghost_operator(stats, eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond)
-    if method.startswith("linearpatch"):
-        return solve.linearpatch_operator(stats, rotate=method.endswith("rotate"))
-    if method == "replaceme-ls":
-        return solve.replaceme_ls(stats, ridge=cfg.replaceme_ridge)
-    if method == "replaceme-cos":
-        sample = stats.replaceme_samples
-        with torch.enable_grad():
-            return solve.replaceme_cosine(sample.m, sample.target, epochs=cfg.cos_epochs, lr=cfg.cos_lr,
-                                          batch_tokens=cfg.cos_batch_tokens, seed=cfg.calibration.seed)
-    raise ValueError(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
-
-
-def check_methods(methods: list[str], dropped: list[int]) -> None:
+def check_methods(methods: list[str], dropped: list[int], has_heldout: bool = True) -> None:
     unknown = [m for m in methods if m not in METHODS and m != "dense"]
     if unknown:
         raise ValueError(f"Unknown method(s) {unknown}; choose from dense, {', '.join(METHODS)}.")
     if any(m in BRANCH_METHODS for m in methods) and 0 in dropped:
         raise ValueError("ReplaceMe maps the MLP output of the layer before a removed block, so it "
                          "cannot recover a block that starts at layer 0. Keep layer 0 or drop ReplaceMe.")
+    if "ghost-auto" in methods and not has_heldout:
+        raise ValueError("ghost-auto chooses on held-out calibration windows: give some (heldout_seqs > 0).")
+
+
+def _fit_plain(method: str, stats: BoundaryStats, cfg: RecoveryConfig) -> GapFit:
+    if method == "ghost":
+        return GapFit(stream=solve.ghost_operator(stats, eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond))
+    if method.startswith("linearpatch"):
+        return GapFit(stream=solve.linearpatch_operator(stats, rotate=method.endswith("rotate")))
+    if method == "replaceme-ls":
+        return GapFit(branch=solve.replaceme_ls(stats, ridge=cfg.replaceme_ridge))
+    if method == "replaceme-ls-robust":
+        clean = stats.without_sink()
+        return GapFit(branch=solve.replaceme_ls(clean, ridge=cfg.replaceme_ridge),
+                      sink_map=fit_robust(stats, None, sink_kind=cfg.sink_map, choose_ridge=False).sink_map)
+    if method == "replaceme-cos":
+        sample = stats.replaceme_samples
+        with torch.enable_grad():
+            return GapFit(branch=solve.replaceme_cosine(
+                sample.m, sample.target, epochs=cfg.cos_epochs, lr=cfg.cos_lr,
+                batch_tokens=cfg.cos_batch_tokens, seed=cfg.calibration.seed))
+    raise ValueError(f"Unknown method {method!r}; choose from {', '.join(METHODS)}.")
+
+
+def _fit_robust(gap: Gap, stats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
+    fit = fit_robust(stats, heldout, eps=cfg.eps, sink_kind=cfg.sink_map, choose_ridge=cfg.choose_ridge,
+                     solver=cfg.solver)
+    choice = {"method": "ghost-robust", "boundary": f"{gap.start}-{gap.end}", "ridge": fit.eps,
+              "relative_ridge": fit.relative_ridge, "heldout_nonsink_error": fit.heldout_error,
+              "sink_map": fit.sink_map.kind}
+    return GapFit(stream=fit.weight, sink_map=fit.sink_map), choice
 
 
 def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None,
@@ -192,80 +203,124 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     if not dropped:
         raise ValueError("Choose at least one layer to drop.")
     methods = [m for m in dict.fromkeys(methods) if m != "dense"]
-    check_methods(methods, dropped)
+    check_methods(methods, dropped, heldout_windows is not None)
     stream_gaps = resolve_gaps(dropped, cfg.granularity)
     block_gaps = gaps_of(dropped, "block")
     wants_branch = any(m in BRANCH_METHODS for m in methods)
-    calib_cfg = CalibrationConfig(**{**cfg.calibration.__dict__, "replaceme": wants_branch})
+    wants_sinks = any(m in SINK_METHODS for m in methods)
+    calib_cfg = replace(cfg.calibration, replaceme=wants_branch,
+                        reservoir_tokens=cfg.calibration.reservoir_tokens if "replaceme-cos" in methods else 0)
     all_gaps = sorted(set(stream_gaps) | (set(block_gaps) if wants_branch else set()),
                       key=lambda g: (g.start, g.end))
+    rule = cfg.sink_rule()
+    detector = SinkDetector(rule) if wants_sinks else None
 
     def stage(name):
         return (lambda done, n: progress(name, done, n)) if progress else None
 
     started = time.perf_counter()
-    stats = collect_stats(model, calib_windows, all_gaps, calib_cfg, progress=stage("calibration"),
-                          show_tqdm=show_tqdm)
+    stats = collect_stats(model, calib_windows, all_gaps, calib_cfg, sink_detector=detector,
+                          progress=stage("calibration"), show_tqdm=show_tqdm)
     heldout = None if heldout_windows is None else collect_stats(
-        model, heldout_windows, all_gaps, CalibrationConfig(**{**calib_cfg.__dict__, "reservoir_tokens": 0}),
+        model, heldout_windows, all_gaps, replace(calib_cfg, reservoir_tokens=0),
+        sink_detector=SinkDetector(rule) if wants_sinks else None,
         progress=stage("held-out statistics"), show_tqdm=show_tqdm)
     calib_seconds = time.perf_counter() - started
+    keep = [i for i in range(total) if i not in set(dropped)]
     results: dict[str, MethodResult] = {}
     for method in methods:
-        if method == "none":
-            results[method] = MethodResult("none", build_variant(model, [i for i in range(total) if i not in dropped]),
-                                           "none", {}, {g: stats[g] for g in stream_gaps},
-                                           None if heldout is None else {g: heldout[g] for g in stream_gaps}, 0.0, 0.0)
-            continue
-        if method == "ghost" and cfg.mode == "sequential":
-            results[method] = _sequential_ghost(model, dropped, stream_gaps, calib_windows, heldout_windows,
-                                                cfg, calib_cfg, stage, show_tqdm)
-            continue
         gaps = block_gaps if method in BRANCH_METHODS else stream_gaps
+        pick = lambda d: None if d is None else {g: d[g] for g in gaps}  # noqa: E731
+        if method == "none":
+            results[method] = MethodResult("none", build_variant(model, keep), "none", {}, pick(stats),
+                                           pick(heldout), 0.0, 0.0)
+            continue
+        if method in ("ghost", "ghost-robust") and cfg.mode == "sequential":
+            results[method] = _sequential(method, model, dropped, stream_gaps, calib_windows, heldout_windows,
+                                          cfg, calib_cfg, rule, stage, show_tqdm)
+            continue
         t0 = time.perf_counter()
-        ops = {g: _fit(method, stats[g], cfg) for g in gaps}
-        solve_seconds = time.perf_counter() - t0
-        if method in BRANCH_METHODS:
-            fold = cfg.replaceme_fold and _foldable(model)
-            built = branch_model(model, dropped, ops, method, fold=fold)
-            kind = "branch"
+        choices: list[dict] = []
+        if method == "ghost-auto":
+            fits, choices = _auto(model, dropped, stream_gaps, stats, heldout, heldout_windows, cfg, rule,
+                                  stage, show_tqdm, results)
+        elif method == "ghost-robust":
+            fits = {}
+            for g in gaps:
+                fits[g], choice = _fit_robust(g, stats[g], heldout[g] if heldout else None, cfg)
+                choices.append(choice)
         else:
-            built, kind = stream_model(model, dropped, ops, method), "stream"
-        results[method] = MethodResult(method, built, kind, ops, {g: stats[g] for g in gaps},
-                                       None if heldout is None else {g: heldout[g] for g in gaps},
-                                       solve_seconds, calib_seconds)
+            fits = {g: _fit_plain(method, stats[g], cfg) for g in gaps}
+        solve_seconds = time.perf_counter() - t0
+        built = assemble(model, dropped, fits, method, cfg.replaceme_fold, rule)
+        kind = "branch" if method in BRANCH_METHODS else "stream"
+        ops = {g: (f.branch if f.branch is not None else f.stream) for g, f in fits.items()}
+        results[method] = MethodResult(method, built, kind, ops, pick(stats), pick(heldout),
+                                       solve_seconds, calib_seconds, fits=fits, choices=choices)
     return RecoveryRun(dropped=dropped, base_layers=total, config=cfg, results=results,
-                       calib_seconds=calib_seconds,
-                       protocol=dict(getattr(calib_windows, "protocol", {})))
+                       calib_seconds=calib_seconds, protocol=dict(getattr(calib_windows, "protocol", {})),
+                       sinks=sink_report(stats, detector) if wants_sinks else pd.DataFrame())
 
 
-def _foldable(model: nn.Module) -> bool:
-    from ghosted.arch import spec_for
+def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stage, show_tqdm, done):
+    """Greedy per-gap choice between the paper's fit and the robust one by held-out NLL."""
+    from ghosted.evaluate import perplexity
 
-    return spec_for(model).mlp_out_linear is not None
+    paper = {g: (done["ghost"].fits[g] if "ghost" in done and g in done["ghost"].fits
+                 else _fit_plain("ghost", stats[g], cfg)) for g in gaps}
+    robust = {g: _fit_robust(g, stats[g], heldout[g], cfg)[0] for g in gaps}
+
+    def nll(fits):
+        return perplexity(assemble(model, dropped, fits, "ghost-auto", rule=rule), heldout_windows,
+                          batch_size=cfg.calibration.batch_size, show_tqdm=False).nll
+
+    current = dict(paper)
+    best = nll(current)
+    choices = []
+    for i, g in enumerate(gaps):
+        if stage("auto: choosing per gap"):
+            stage("auto: choosing per gap")(i, len(gaps))
+        trial = {**current, g: robust[g]}
+        trial_nll = nll(trial)
+        use_robust = trial_nll < best
+        choices.append({"method": "ghost-auto", "boundary": f"{g.start}-{g.end}",
+                        "chosen": "robust" if use_robust else "paper", "nll_paper": best if not use_robust else None,
+                        "nll_robust": trial_nll, "reason": f"held-out NLL {trial_nll:.4f} (robust) vs "
+                        f"{best:.4f} (current) on {heldout_windows.input_ids.numel()} tokens"})
+        if use_robust:
+            current, best = trial, trial_nll
+    return current, choices
 
 
-def _sequential_ghost(model, dropped, gaps, calib_windows, heldout_windows, cfg, calib_cfg, stage,
-                      show_tqdm) -> MethodResult:
+def _sequential(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, calib_cfg, rule, stage,
+                show_tqdm) -> MethodResult:
     """Fit each gap's operator on the stream of the model already pruned and patched upstream."""
-    ops: dict[Gap, torch.Tensor] = {}
-    fit_stats, held_stats = {}, {}
+    fits: dict[Gap, GapFit] = {}
+    fit_stats, held_stats, choices = {}, {}, []
     calib_seconds = solve_seconds = 0.0
-    seq_cfg = CalibrationConfig(**{**calib_cfg.__dict__, "replaceme": False, "reservoir_tokens": 0})
+    seq_cfg = replace(calib_cfg, replaceme=False, reservoir_tokens=0)
+    robust = method == "ghost-robust"
     for gap in gaps:
-        done_layers = [i for g in ops for i in g.layers]
-        partial = stream_model(model, done_layers, ops, "ghost")
+        upstream = [i for g in fits for i in g.layers]
+        partial = assemble(model, upstream, fits, method, rule=rule)
         t0 = time.perf_counter()
+        detector = (lambda: SinkDetector(rule)) if robust else (lambda: None)
         fit_stats[gap] = collect_stats(model, calib_windows, [gap], seq_cfg, x_model=partial,
-                                       progress=stage(f"sequential fit of gap {gap}"),
+                                       sink_detector=detector(), progress=stage(f"sequential fit of gap {gap}"),
                                        show_tqdm=show_tqdm)[gap]
         if heldout_windows is not None:
             held_stats[gap] = collect_stats(model, heldout_windows, [gap], seq_cfg, x_model=partial,
-                                            show_tqdm=show_tqdm)[gap]
+                                            sink_detector=detector(), show_tqdm=show_tqdm)[gap]
         t1 = time.perf_counter()
-        ops[gap] = _fit("ghost", fit_stats[gap], cfg)
+        if robust:
+            fits[gap], choice = _fit_robust(gap, fit_stats[gap], held_stats.get(gap), cfg)
+            choices.append(choice)
+        else:
+            fits[gap] = _fit_plain("ghost", fit_stats[gap], cfg)
         calib_seconds += t1 - t0
         solve_seconds += time.perf_counter() - t1
-    built = stream_model(model, dropped, ops, "ghost")
-    return MethodResult("ghost", built, "stream", ops, fit_stats, held_stats or None, solve_seconds,
-                        calib_seconds, notes=["sequential: each gap fitted on the upstream-patched model"])
+    built = assemble(model, dropped, fits, method, rule=rule)
+    ops = {g: f.stream for g, f in fits.items()}
+    return MethodResult(method, built, "stream", ops, fit_stats, held_stats or None, solve_seconds,
+                        calib_seconds, notes=["sequential: each gap fitted on the upstream-patched model"],
+                        fits=fits, choices=choices)

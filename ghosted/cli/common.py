@@ -18,6 +18,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
     g.add_argument("--device-map", default=None,
                    help="pass 'auto' to shard a model larger than one device (accelerate)")
+    g.add_argument("--offload-folder", default=None,
+                   help="with --device-map: folder for the layers that fit on no device (disk offload)")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run code shipped with a hub model (off by default)")
 
@@ -45,7 +47,8 @@ def load_from_args(args):
     from ghosted.loading import load_model
 
     return load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                      trust_remote_code=args.trust_remote_code)
+                      trust_remote_code=args.trust_remote_code,
+                      offload_folder=getattr(args, "offload_folder", None))
 
 
 def write_json(path: str | None, payload: dict) -> None:

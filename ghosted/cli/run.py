@@ -18,6 +18,10 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("pruning and recovery")
     g.add_argument("--drop", default="",
                    help="layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
+    g.add_argument("--select", default="", metavar="METRIC",
+                   help="instead of --drop, let this influence criterion choose the layers "
+                        "(see 'python -m ghosted influence --help'), e.g. recoverability")
+    g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
     g.add_argument("--methods", default="dense,none,ghost",
                    help=f"comma list from: dense, {', '.join(METHODS)}")
     g.add_argument("--ghost-mode", default="independent", choices=["independent", "sequential"],
@@ -39,7 +43,7 @@ def handle(args) -> int:
     cfg = RunConfig(model=args.model, calib=args.calib, eval=args.eval, calib_seqs=args.calib_seqs,
                     seq_len=args.seq_len, heldout_seqs=args.heldout_seqs, eval_tokens=args.eval_tokens,
                     eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype,
-                    seed=args.seed, drop=args.drop,
+                    seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
                     solver=args.solver, batch_size=args.batch_size)

@@ -1,0 +1,71 @@
+"""``python -m ghosted export``: prune, recover with one method, and save a loadable model folder."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+from ghosted.recover import METHODS
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="prune layers, recover them with one method, save the model",
+                       description="Prune layers, fit one recovery method on calibration text, and "
+                                   "save a Hugging Face folder with the operators and a recipe. "
+                                   "Methods that fold into existing weights (replaceme-ls, "
+                                   "replaceme-cos on most families) give a plain checkpoint.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_args(p)
+    add_text_args(p, calib=True, evaluation=False)
+    g = p.add_argument_group("pruning and recovery")
+    g.add_argument("--drop", required=True,
+                   help="layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
+    g.add_argument("--method", default="ghost", choices=list(METHODS), help="recovery method")
+    g.add_argument("--ghost-mode", default="independent", choices=["independent", "sequential"],
+                   help="fit every operator on the dense model (paper), or each on the model already "
+                        "pruned and patched upstream")
+    g.add_argument("--granularity", default="auto", choices=["auto", "block", "layer"],
+                   help="one operator per contiguous block or per removed layer")
+    g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
+    g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
+                   help="normal equations, or the exact minimum-norm pseudo-inverse")
+    g.add_argument("--no-fold", action="store_true",
+                   help="keep ReplaceMe's map as a hooked operator instead of folding it into weights")
+    p.add_argument("--out", required=True, help="folder to write the model, operators and recipe to")
+    p.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from ghosted.arch import num_layers
+    from ghosted.calibrate import CalibrationConfig
+    from ghosted.export import save_recovered
+    from ghosted.pipeline import split_calibration
+    from ghosted.prune import parse_layers
+    from ghosted.recover import RecoveryConfig, recover
+    from ghosted.text import calibration_windows
+
+    lm = load_from_args(args)
+    drop = parse_layers(args.drop, num_layers(lm.model))  # fail before calibrating, not after
+    calib = calibration_windows(lm.tokenizer, args.calib, args.calib_seqs + args.heldout_seqs,
+                                args.seq_len, args.seed)
+    fit, heldout = split_calibration(calib, args.heldout_seqs)
+    config = RecoveryConfig(eps=args.eps, solver=args.solver, mode=args.ghost_mode,
+                            granularity=args.granularity, replaceme_fold=not args.no_fold,
+                            calibration=CalibrationConfig(batch_size=args.batch_size, seed=args.seed))
+    run = recover(lm.model, drop, [args.method], fit, heldout, config)
+    out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run)
+    print(describe_folder(out))
+    return 0
+
+
+def describe_folder(folder: Path) -> str:
+    """The files of a saved folder with their sizes, and how to load it."""
+    from ghosted.export import read_recipe
+
+    recipe = read_recipe(folder)
+    lines = [f"saved {recipe.get('method')} model, layers {recipe.get('dropped_spec')} removed, to {folder}/"]
+    for file in sorted(folder.iterdir()):
+        lines.append(f"  {file.name:<34}{file.stat().st_size / 2**20:>10.2f} MiB")
+    lines.append(f"load with {recipe.get('load_with', 'ghosted.load_recovered(path)')}")
+    return "\n".join(lines)

@@ -1,0 +1,105 @@
+"""``python -m ghosted influence``: every layer-selection criterion, written as CSV and JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+
+GROUPS = {"single": "every criterion of the one shared forward pass (incl. recoverability)",
+          "all": "everything, incl. ppl_single and sleb (one forward pass per candidate layer) and taylor "
+                 "(one backward pass)"}
+
+
+def add_parser(sub) -> None:
+    from ghosted.influence import CRITERIA
+
+    p = sub.add_parser("influence", help="score every layer and contiguous block by each selection criterion",
+                       description="Compute layer-selection criteria (ShortGPT, Gromov angular distance, "
+                                   "LLM-Streamline, the paper's sequence-axis cosine, Shortened-LLaMA PPL and "
+                                   "Taylor+, SLEB) and the ghost recoverability score; write blocks.csv "
+                                   "(metric, start, n, end, value), layers.csv (metric, layer, value), "
+                                   "selections.csv and influence.json. Layers are 0-based; block (start, n) "
+                                   "removes layers start..start+n-1.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_args(p)
+    add_text_args(p, evaluation=False)
+    g = p.add_argument_group("criteria")
+    g.add_argument("--metrics", default="single",
+                   help="comma list of criteria or groups. Groups: "
+                        + "; ".join(f"{k}: {v}" for k, v in GROUPS.items())
+                        + ". Criteria: " + ", ".join(CRITERIA))
+    g.add_argument("--n-values", default="all",
+                   help="block sizes n, e.g. '7,11' or '5-9'; 'all' = 1..L-1. Recoverability stores 8·d² "
+                        "bytes per boundary pair it needs (all n on SmolLM2: 1.3 GB; n = 7,11: 0.2 GB)")
+    g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve (recoverability)")
+    g.add_argument("--candidate-windows", type=int, default=8,
+                   help="calibration windows for ppl_single and sleb (0 = all)")
+    g.add_argument("--sleb-steps", type=int, default=0,
+                   help="layers SLEB removes (0 = the largest --n-values, or L/4 with 'all')")
+    g.add_argument("--max-gram-gib", type=float, default=8.0,
+                   help="refuse recoverability Gram blocks beyond this many GiB")
+    p.add_argument("--out-dir", default="influence", help="folder for the CSV and JSON files")
+    p.set_defaults(handler=handle)
+
+
+def parse_metrics(text: str, with_heldout: bool) -> list[str]:
+    """Expand groups and check names; ``recoverability_heldout`` needs held-out windows."""
+    from ghosted.influence import CRITERIA, SINGLE_PASS
+
+    names: list[str] = []
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        if part == "single":
+            names += SINGLE_PASS
+        elif part == "all":
+            names += list(CRITERIA)
+        elif part in CRITERIA:
+            names.append(part)
+        else:
+            raise ValueError(f"Unknown criterion {part!r}; choose from {', '.join([*GROUPS, *CRITERIA])}.")
+    if not with_heldout:
+        names = [m for m in names if m != "recoverability_heldout"]
+    return list(dict.fromkeys(names))
+
+
+def handle(args) -> int:
+    from ghosted.influence import InfluenceConfig, influence
+    from ghosted.pipeline import split_calibration
+    from ghosted.prune import parse_layers
+    from ghosted.selection import selections
+    from ghosted.text import calibration_windows
+
+    lm = load_from_args(args)
+    n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
+    cfg = InfluenceConfig(metrics=parse_metrics(args.metrics, args.heldout_seqs > 0), n_values=n_values,
+                          batch_size=args.batch_size, eps=args.eps,
+                          candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
+                          max_gram_gib=args.max_gram_gib)
+    calib = calibration_windows(lm.tokenizer, args.calib, args.calib_seqs + args.heldout_seqs, args.seq_len,
+                                args.seed)
+    fit, held = split_calibration(calib, args.heldout_seqs)
+    report = influence(lm.model, fit, cfg, heldout=held)
+    report.meta["model"] = lm.name
+    shown = report.meta["n_values"] if n_values else _typical_n(report.num_layers)
+    chosen = selections(report, report.meta["n_values"])
+    paths = report.save(args.out_dir)
+    chosen.to_csv(paths[0].parent / "selections.csv", index=False)
+    _print_summary(report, chosen[chosen.n.isin(shown)])
+    for path in [*paths, paths[0].parent / "selections.csv"]:
+        print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _typical_n(total: int) -> list[int]:
+    """Block sizes to print when every n was computed: about 22 % and 34 % of the layers (7/32, 11/32)."""
+    return sorted({max(1, round(total * 7 / 32)), max(1, round(total * 11 / 32))})
+
+
+def _print_summary(report, chosen) -> None:
+    meta = report.meta
+    print(f"{meta.get('model', 'model')}: {report.num_layers} layers, {meta.get('tokens')} calibration tokens; "
+          f"seconds {meta['seconds']}")
+    print(f"{'criterion':<24}{'n':>4}  layers")
+    for row in chosen.itertuples():
+        print(f"{row.metric:<24}{row.n:>4}  {row.layers if row.layers else '-'}")

@@ -1,0 +1,91 @@
+"""Residual analysis of fitted gaps from statistics alone: errors, spectra, asymmetry.
+
+Every method's boundary map is summarised by the Gram matrix RᵀR of its residual R = (what the
+next kept layer receives) − X_post over the calibration tokens, computed in closed form from the
+float64 statistics, sink tokens included. Its trace is the boundary error; the square roots of its
+eigenvalues are the residual's singular values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ghosted.analysis import antisymmetric_share
+from ghosted.assemble import GapFit
+from ghosted.sinks import SinkMap
+from ghosted.solve import mlp_residual_gram, residual_gram
+from ghosted.stats import BoundaryStats
+
+
+def _y_gram(s: BoundaryStats) -> torch.Tensor:
+    """YᵀY with Y = X + Δ."""
+    return s.xtx + s.xtd + s.xtd.T + s.dtd
+
+
+def sink_residual_gram(sink: BoundaryStats, smap: SinkMap) -> torch.Tensor:
+    """RᵀR over sink tokens for R = f(X) − Y, f a constant or x·A + b."""
+    n, c = sink.n_tokens, smap.constant  # c: (d,)
+    xty = sink.xtx + sink.xtd  # (d, d)
+    gram = _y_gram(sink) + n * torch.outer(c, c) - torch.outer(c, sink.y_sum) - torch.outer(sink.y_sum, c)
+    if smap.linear is not None:
+        a = smap.linear  # (d, d)
+        ax = a.T @ sink.x_sum  # (d,)
+        gram = gram + a.T @ sink.xtx @ a - a.T @ xty - xty.T @ a + torch.outer(ax, c) + torch.outer(c, ax)
+    return gram
+
+
+def residual_gram_of(fit: GapFit | None, stats: BoundaryStats) -> torch.Tensor:
+    """RᵀR of a gap's recovery (None: plain pruning, R = −Δ)."""
+    if fit is None:
+        return stats.dtd
+    eye = torch.eye(stats.dim, dtype=stats.dtd.dtype, device=stats.dtd.device)
+    if fit.sink_map is None:
+        if fit.branch is not None:
+            return mlp_residual_gram(stats, fit.branch - eye)
+        return residual_gram(stats, fit.stream - eye)
+    clean = stats.without_sink()
+    if fit.branch is not None:
+        ordinary = mlp_residual_gram(clean, fit.branch - eye)
+    else:
+        ordinary = residual_gram(clean, (fit.stream if fit.stream is not None else eye) - eye)
+    return ordinary + sink_residual_gram(stats.sink_only(), fit.sink_map)
+
+
+def singular_values(gram: torch.Tensor) -> np.ndarray:
+    return torch.linalg.eigvalsh(gram.double()).clamp_min(0).sqrt().flip(0).cpu().numpy()
+
+
+def error_rows(method: str, gap, fit: GapFit | None, stats: BoundaryStats, split: str) -> dict:
+    """One row of the error frame: absolute and relative boundary error, share of ‖Δ‖² removed."""
+    error = float(torch.trace(residual_gram_of(fit, stats)).clamp_min(0))
+    delta = float(torch.trace(stats.dtd))
+    rel = error / delta if delta > 0 else float("nan")
+    return {"boundary": f"{gap.start}-{gap.end}", "method": method, "split": split, "error": error,
+            "relative_error": rel, "removed_fraction": 1.0 - rel, "tokens": stats.n_tokens}
+
+
+def spectrum_frame(method: str, gap, fit: GapFit | None, stats: BoundaryStats) -> pd.DataFrame:
+    values = singular_values(residual_gram_of(fit, stats))
+    return pd.DataFrame({"boundary": f"{gap.start}-{gap.end}", "method": method,
+                         "index": np.arange(len(values)), "singular_value": values})
+
+
+def asymmetry_row(method: str, gap, weight: torch.Tensor) -> dict:
+    eye = torch.eye(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    return {"method": method, "boundary": f"{gap.start}-{gap.end}", **antisymmetric_share(weight - eye)}
+
+
+def token_share_frame(stats: BoundaryStats) -> pd.DataFrame:
+    """Share of ‖Δ‖² carried by sink tokens vs the others, per gap (for the app's explanation)."""
+    if stats.sink is None:
+        return pd.DataFrame()
+    total, sink = float(torch.trace(stats.dtd)), float(torch.trace(stats.sink.dtd))
+    return pd.DataFrame([
+        {"boundary": f"{stats.start}-{stats.end}", "tokens": "sink", "count": stats.sink.n_tokens,
+         "delta_share": sink / total, "per_token_share": sink / total / max(stats.sink.n_tokens, 1)},
+        {"boundary": f"{stats.start}-{stats.end}", "tokens": "other", "count": stats.n_tokens - stats.sink.n_tokens,
+         "delta_share": 1 - sink / total,
+         "per_token_share": (1 - sink / total) / max(stats.n_tokens - stats.sink.n_tokens, 1)},
+    ])

@@ -1,0 +1,304 @@
+"""Layer influence: every published layer-selection criterion, plus ghost recoverability.
+
+Conventions: layers are 0-based; boundary b is the residual stream entering layer b, and boundary L
+is the last layer's output *before* the final norm (never Hugging Face's normed last hidden state).
+A block (start, n) removes layers start .. start+n-1; its similarity criteria compare boundaries
+``start`` and ``end = start + n``.
+
+All similarity criteria and the recoverability score come from ONE forward pass over the calibration
+windows (``ghosted.influence_pass``); padding never counts. Criteria that run the model once per
+candidate layer (removal perplexity, SLEB) or need a backward pass (Taylor+) live in
+``ghosted.influence_removal``. Choosing layers from a report is ``ghosted.selection.select``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ghosted import influence_removal as removal
+from ghosted.arch import hidden_size, num_layers
+from ghosted.capture import tap
+from ghosted.influence_pass import GramSums, SimilaritySums, gram_bytes, recoverability, stack_boundaries
+
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """What one criterion measures, and which end of its ranking is removed first."""
+
+    name: str
+    kind: str  # "block": one value per contiguous (start, n); "layer": one value per layer
+    prune: str  # "highest" or "lowest": the values that mark layers to remove
+    cost: str  # "pass" (the shared forward pass), "heldout" (+ a pass over held-out windows),
+    # "per-layer" (one forward pass per candidate layer) or "gradient" (one backward pass)
+    label: str  # what the value is, in words
+    origin: str  # who defined it
+
+
+CRITERIA: dict[str, Criterion] = {c.name: c for c in [
+    Criterion("streamline_cosine", "block", "highest", "pass",
+              "mean per-token cosine (hidden axis) between the inputs of layers start and start+n",
+              "LLM-Streamline"),
+    Criterion("angular_all", "block", "lowest", "pass",
+              "mean over all tokens of the angular distance arccos(cos)/π between the inputs of layers "
+              "start and start+n", "Gromov et al., every token"),
+    Criterion("angular_last", "block", "lowest", "pass",
+              "mean over sequences of arccos(cos)/π between the inputs of layers start and start+n on "
+              "the last non-padding token", "Gromov et al. (as published)"),
+    Criterion("seqcos_streamline", "block", "highest", "pass",
+              "SEQUENCE-AXIS cosine (torch.cosine_similarity default dim=1 on (B, T, d): along the "
+              "sequence per channel, mean over channels and sequences) between the inputs of layers "
+              "start and start+n; starts 1..L-n-1 only", "the paper's official code, Streamline rule"),
+    Criterion("recoverability", "block", "lowest", "pass",
+              "ghost boundary error ‖X·M − Δ‖²/‖Δ‖² left after the ghost operator, on the calibration "
+              "tokens (X = input of start, Δ = input of start+n − X)", "Ghosted"),
+    Criterion("recoverability_heldout", "block", "lowest", "heldout",
+              "ghost boundary error ‖X·M − Δ‖²/‖Δ‖² on held-out windows, M fitted on the calibration "
+              "tokens", "Ghosted"),
+    Criterion("block_influence", "layer", "lowest", "pass",
+              "Block Influence 1 − mean per-token cosine between the layer's input and output", "ShortGPT"),
+    Criterion("seqcos_shortgpt", "layer", "highest", "pass",
+              "SEQUENCE-AXIS cosine between the layer's input and output; the last layer is never "
+              "chosen", "the paper's official code, ShortGPT rule"),
+    Criterion("ppl_single", "layer", "lowest", "per-layer",
+              "calibration perplexity of the model without this one layer", "Shortened-LLaMA (PPL)"),
+    Criterion("taylor", "layer", "lowest", "gradient",
+              "Taylor score Σ|W·∂L/∂W| over the layer's weights; layers 0-3 and the last two are never "
+              "chosen (the '+')", "Shortened-LLaMA (Taylor+)"),
+    Criterion("sleb", "layer", "lowest", "per-layer",
+              "step at which SLEB's greedy search removes the layer (lowest calibration NLL at each "
+              "step; the first and last alive layers stay)", "SLEB"),
+]}
+SINGLE_PASS = [name for name, c in CRITERIA.items() if c.cost in ("pass", "heldout")]
+_SIMILARITY_BLOCKS = {"streamline_cosine": "cosine", "angular_all": "angular",
+                      "angular_last": "angular_last", "seqcos_streamline": "sequence_cosine"}
+
+
+@dataclass
+class InfluenceConfig:
+    """Which criteria to compute, and on how much text."""
+
+    metrics: list[str] = field(default_factory=lambda: list(SINGLE_PASS))  # names in CRITERIA
+    n_values: list[int] | None = None  # block sizes n for block criteria; None: every n in 1..L-1
+    batch_size: int = 4  # windows per forward pass; memory grows with it, the sums do not
+    eps: float = 1e-6  # ridge of the ghost solve (as ``recover``)
+    solver: str = "solve"  # ghost solver, "solve" or "pinv" (as ``recover``)
+    candidate_windows: int | None = 8  # windows for ppl_single and sleb (one pass per candidate);
+    # None: all. Shortened-LLaMA scores on 10 × 128 tokens, SLEB on a few 2048-token windows
+    sleb_steps: int | None = None  # layers SLEB removes; None: the largest n in n_values (or L // 4)
+    max_gram_gib: float = 8.0  # refuse recoverability Gram blocks beyond this (restrict n_values)
+
+
+@dataclass
+class InfluenceReport:
+    """Criterion values as tidy frames: ``blocks`` (metric, start, n, end, value) and
+    ``layers`` (metric, layer, value), plus ``meta`` (protocol, timings, memory)."""
+
+    blocks: pd.DataFrame
+    layers: pd.DataFrame
+    num_layers: int
+    meta: dict = field(default_factory=dict)
+
+    def matrix(self, metric: str) -> pd.DataFrame:
+        """A block criterion as a (start × n) table (NaN where start + n > L)."""
+        rows = self.blocks[self.blocks.metric == metric]
+        if rows.empty:
+            raise KeyError(f"no block values for {metric!r}; present: {sorted(set(self.blocks.metric))}")
+        return rows.pivot(index="start", columns="n", values="value")
+
+    def layer_values(self, metric: str) -> pd.Series:
+        """A layer criterion as a Series indexed by layer."""
+        rows = self.layers[self.layers.metric == metric]
+        if rows.empty:
+            raise KeyError(f"no layer values for {metric!r}; present: {sorted(set(self.layers.metric))}")
+        return rows.set_index("layer")["value"]
+
+    @property
+    def metrics(self) -> list[str]:
+        return sorted(set(self.blocks.metric) | set(self.layers.metric))
+
+    def to_dict(self) -> dict:
+        """JSON-ready: meta, the criteria's definitions, and both frames as records (NaN -> null)."""
+        return {"meta": self.meta, "num_layers": self.num_layers,
+                "criteria": {m: asdict(CRITERIA[m]) for m in self.metrics if m in CRITERIA},
+                "blocks": _records(self.blocks), "layers": _records(self.layers)}
+
+    def save(self, out_dir: str | Path) -> list[Path]:
+        """Write blocks.csv, layers.csv and influence.json into ``out_dir``; returns the paths."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        paths = [out / "blocks.csv", out / "layers.csv", out / "influence.json"]
+        self.blocks.to_csv(paths[0], index=False)
+        self.layers.to_csv(paths[1], index=False)
+        paths[2].write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        return paths
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
+            for row in frame.to_dict("records")]
+
+
+def resolve_n_values(n_values, total: int) -> list[int]:
+    """Validated, sorted block sizes (1 <= n <= L-1); None means all of them."""
+    values = sorted(set(range(1, total) if n_values is None else (int(n) for n in n_values)))
+    bad = [n for n in values if not 1 <= n <= total - 1]
+    if bad or not values:
+        raise ValueError(f"Block sizes must be in 1..{total - 1} for this {total}-layer model; got {bad or values}.")
+    return values
+
+
+def block_list(n_values: list[int], total: int) -> list[tuple[int, int]]:
+    """Every (start, end) with end - start in n_values and end <= L."""
+    return [(start, start + n) for n in n_values for start in range(total - n + 1)]
+
+
+def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, heldout=None,
+              progress: Progress | None = None, show_tqdm: bool = True) -> InfluenceReport:
+    """Every requested criterion on ``windows`` (a ``TokenWindows``); ``model`` is never changed.
+
+    Example:
+        >>> report = influence(model, calibration_windows(tok, "bundled:news", 32, 256),
+        ...                    InfluenceConfig(n_values=[7, 11]), heldout=held)
+        >>> report.matrix("recoverability")            # start × n, lower recovers better
+        >>> select(report, "recoverability", 7)        # ([20, ..., 26], "why")
+    """
+    cfg = config or InfluenceConfig()
+    total = num_layers(model)
+    unknown = [m for m in cfg.metrics if m not in CRITERIA]
+    if unknown:
+        raise ValueError(f"Unknown criteria {unknown}; choose from {', '.join(CRITERIA)}.")
+    if "recoverability_heldout" in cfg.metrics and heldout is None:
+        raise ValueError("recoverability_heldout needs held-out windows (heldout=...).")
+    n_values = resolve_n_values(cfg.n_values, total)
+    started = time.perf_counter()
+    seconds: dict[str, float] = {}
+    block_rows, layer_rows, meta = [], [], {}
+    if any(CRITERIA[m].cost in ("pass", "heldout") for m in cfg.metrics):
+        b, lay, info = _single_pass_criteria(model, windows, heldout, cfg, n_values, seconds, progress, show_tqdm)
+        block_rows += b
+        layer_rows += lay
+        meta.update(info)
+    layer_rows += _model_criteria(model, windows, cfg, n_values, seconds, meta, progress)
+    meta.update(layers=total, hidden_size=hidden_size(model), n_values=n_values, metrics=list(cfg.metrics),
+                protocol=dict(getattr(windows, "protocol", {})), config=asdict(cfg), seconds=seconds,
+                total_seconds=round(time.perf_counter() - started, 3))
+    blocks = pd.DataFrame(block_rows, columns=["metric", "start", "n", "end", "value"])
+    layers = pd.DataFrame(layer_rows, columns=["metric", "layer", "value"])
+    return InfluenceReport(blocks=blocks, layers=layers, num_layers=total, meta=meta)
+
+
+def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_values, seconds, progress,
+                          show_tqdm) -> tuple[list, list, dict]:
+    total, dim = num_layers(model), hidden_size(model)
+    wanted = set(cfg.metrics)
+    blocks = block_list(n_values, total) if wanted & {"recoverability", "recoverability_heldout"} else []
+    needed = gram_bytes(blocks, dim)
+    if needed > cfg.max_gram_gib * 2**30:
+        raise ValueError(f"Recoverability for n in {n_values} needs {needed / 2**30:.1f} GiB of float64 "
+                         f"Gram blocks (8·d² bytes per boundary pair), over max_gram_gib="
+                         f"{cfg.max_gram_gib}. Restrict n_values (e.g. [7, 11]) or raise the limit.")
+    similar = bool(wanted - {"recoverability", "recoverability_heldout"})
+    clock = time.perf_counter()
+    sims, grams = _stream(model, windows, total, dim, blocks, similar, cfg.batch_size, "calibration pass",
+                          progress, show_tqdm)
+    seconds["single_pass"] = round(time.perf_counter() - clock, 3)
+    held_grams = None
+    if "recoverability_heldout" in wanted:
+        clock = time.perf_counter()
+        _, held_grams = _stream(model, heldout, total, dim, blocks, False, cfg.batch_size, "held-out pass",
+                                progress, show_tqdm)
+        seconds["heldout_pass"] = round(time.perf_counter() - clock, 3)
+    block_rows, layer_rows = [], []
+    if sims is not None:
+        means = {k: v.cpu() for k, v in sims.means().items()}  # (K, K) each
+        for metric, key in _SIMILARITY_BLOCKS.items():
+            if metric in wanted:
+                block_rows += [(metric, s, e - s, e, float(means[key][s, e]))
+                               for n in n_values for s, e in block_list([n], total)]
+        if "block_influence" in wanted:
+            layer_rows += [("block_influence", i, 1.0 - float(means["cosine"][i, i + 1])) for i in range(total)]
+        if "seqcos_shortgpt" in wanted:
+            layer_rows += [("seqcos_shortgpt", i, float(means["sequence_cosine"][i, i + 1])) for i in range(total)]
+    if grams is not None:
+        clock = time.perf_counter()
+        scores = recoverability(grams, held_grams, blocks, eps=cfg.eps, solver=cfg.solver)
+        seconds["recoverability_solve"] = round(time.perf_counter() - clock, 3)
+        for column, metric in enumerate(("recoverability", "recoverability_heldout")):
+            if metric in wanted:
+                block_rows += [(metric, s, e - s, e, v[column]) for (s, e), v in scores.items()]
+    info = {"tokens": sims.tokens if sims else grams.tokens, "sequences": sims.sequences if sims else None,
+            "gram_bytes": needed, "heldout_tokens": held_grams.tokens if held_grams else None}
+    return block_rows, layer_rows, info
+
+
+def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_size: int, label: str,
+            progress, show_tqdm) -> tuple[SimilaritySums | None, GramSums | None]:
+    """One pass capturing boundaries 0..L; adds every batch to the similarity and Gram sums."""
+    ids, mask = windows.input_ids, windows.attention_mask
+    steps = -(-ids.shape[0] // batch_size)
+    sims = grams = None
+    with tap(model, boundaries=range(total + 1)) as handle:
+        for step, start in enumerate(tqdm(range(0, ids.shape[0], batch_size), desc=label, unit="batch",
+                                          disable=not show_tqdm, leave=False)):
+            got = handle.run(ids[start:start + batch_size], mask[start:start + batch_size])
+            device = got.resid[0].device
+            stack = stack_boundaries(got.resid, total + 1, device)  # (B, T, K, d)
+            valid = mask[start:start + batch_size].to(device).bool()  # (B, T)
+            if similar:
+                sims = sims or SimilaritySums(total + 1, device)
+                sims.add(stack, valid)
+            if blocks:
+                grams = grams or GramSums(blocks, total + 1, dim, device)
+                grams.add(stack, valid)
+            if progress:
+                progress(label, step + 1, steps)
+    return sims, grams
+
+
+def _model_criteria(model, windows, cfg: InfluenceConfig, n_values, seconds, meta, progress) -> list:
+    """Layer rows of ppl_single, taylor and sleb (each only when requested)."""
+    rows = []
+    few = windows if cfg.candidate_windows is None else _first(windows, cfg.candidate_windows)
+    if "ppl_single" in cfg.metrics:
+        clock = time.perf_counter()
+        dense, without = removal.removal_nll(model, few, cfg.batch_size, progress)
+        rows += [("ppl_single", layer, math.exp(nll)) for layer, nll in without.items()]
+        meta["dense_calibration_ppl"] = math.exp(dense)
+        seconds["ppl_single"] = round(time.perf_counter() - clock, 3)
+    if "taylor" in cfg.metrics:
+        clock = time.perf_counter()
+        rows += [("taylor", layer, score) for layer, score in
+                 removal.taylor_scores(model, windows, cfg.batch_size).items()]
+        seconds["taylor"] = round(time.perf_counter() - clock, 3)
+    if "sleb" in cfg.metrics:
+        clock = time.perf_counter()
+        total = num_layers(model)
+        steps = cfg.sleb_steps or (max(n_values) if cfg.n_values else max(1, total // 4))
+        order = removal.sleb_order(model, few, min(steps, total - 2), cfg.batch_size, progress)
+        step_of = {layer: k + 1 for k, (layer, _) in enumerate(order)}
+        rows += [("sleb", layer, float(step_of.get(layer, math.nan))) for layer in range(total)]
+        rows += [("sleb_ppl", layer, math.exp(nll)) for layer, nll in order]
+        seconds["sleb"] = round(time.perf_counter() - clock, 3)
+    if {"ppl_single", "sleb"} & set(cfg.metrics):
+        meta["candidate_tokens"] = int(few.attention_mask.sum())
+    return rows
+
+
+def _first(windows, count: int):
+    """The first ``count`` windows (same protocol, marked as a subset)."""
+    from ghosted.text import TokenWindows
+
+    proto = {**getattr(windows, "protocol", {}), "n_windows": min(count, windows.input_ids.shape[0])}
+    return TokenWindows(windows.input_ids[:count], windows.attention_mask[:count], proto)

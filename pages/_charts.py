@@ -1,0 +1,104 @@
+"""Plotly figures and display tables of the app, built from the library's tidy frames.
+
+Nothing here computes model quantities: every number comes from ``ghosted`` (influence reports,
+``RecoveryRun`` frames, perplexity results); this module only shapes and draws them.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from ghosted.recover import METHODS
+
+PRUNED = "pruned"
+PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
+LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, legend=dict(orientation="h", y=-0.2))
+
+
+def method_label(method: str) -> str:
+    return PRUNED if method == "none" else method
+
+
+def heatmap(blocks: pd.DataFrame, metric: str) -> go.Figure:
+    """(n x start) heatmap of one block criterion: a cell is the block of n layers from ``start``."""
+    grid = blocks[blocks.metric == metric].pivot_table(index="n", columns="start", values="value")
+    fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=list(grid.index), colorscale="Viridis",
+                               colorbar=dict(title=""), hovertemplate="start %{x}, n %{y}: %{z:.4g}<extra></extra>"))
+    fig.update_layout(title=f"{metric}: block of n layers starting at layer start",
+                      xaxis_title="first removed layer (start)", yaxis_title="layers removed (n)", **LAYOUT)
+    return fig
+
+
+def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int]) -> go.Figure:
+    """Per-layer criterion as bars (clickable); selected layers are highlighted."""
+    rows = layers[layers.metric == metric].sort_values("layer")
+    colors = ["#d62728" if int(i) in selected else "#6C4AB6" for i in rows.layer]
+    fig = go.Figure(go.Bar(x=rows.layer.tolist(), y=rows.value.tolist(), marker_color=colors,
+                           hovertemplate="layer %{x}: %{y:.4g}<extra></extra>"))
+    fig.update_layout(title=f"{metric} per layer (click bars to select; red = selected)",
+                      xaxis_title="layer", yaxis_title=metric, clickmode="event+select", **LAYOUT)
+    return fig
+
+
+def perplexity_bars(table: pd.DataFrame) -> go.Figure:
+    """Perplexity of each variant on a log axis (pruning can raise it a hundredfold)."""
+    fig = go.Figure(go.Bar(x=table.variant.tolist(), y=table.perplexity.tolist(),
+                           text=[f"{v:,.2f}" for v in table.perplexity], textposition="outside",
+                           marker_color=[_color(v) for v in table.variant]))
+    fig.update_layout(title="Perplexity (lower is better)", yaxis_type="log", yaxis_title="perplexity",
+                      **LAYOUT)
+    return fig
+
+
+def spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
+    """Singular values of Δ (pruned) and of each method's residual at one boundary, log scale."""
+    fig = go.Figure()
+    rows = spectra[spectra.boundary == boundary]
+    for method, part in rows.groupby("method", sort=False):
+        fig.add_trace(go.Scatter(x=part["index"].tolist(), y=part.singular_value.clip(lower=1e-12).tolist(),
+                                 mode="lines", name=method_label(method), line=dict(color=_color(method))))
+    fig.update_layout(title=f"Singular values of the discrepancy at boundary {boundary}",
+                      xaxis_title="index", yaxis_title="singular value", yaxis_type="log", **LAYOUT)
+    return fig
+
+
+def removed_bars(errors: pd.DataFrame) -> go.Figure:
+    """Share of ‖Δ‖² each method removes, on fit and held-out tokens."""
+    table = removed_table(errors)
+    fig = go.Figure()
+    for split in [c for c in ("fit", "heldout") if c in table]:
+        fig.add_trace(go.Bar(x=table.method.tolist(), y=table[split].tolist(), name=split,
+                             text=[f"{v:.1%}" for v in table[split]], textposition="outside"))
+    fig.update_layout(title="Share of ‖Δ‖² removed (1 = perfect, 0 = plain pruning)", barmode="group",
+                      yaxis_tickformat=".0%", **LAYOUT)
+    return fig
+
+
+def removed_table(errors: pd.DataFrame) -> pd.DataFrame:
+    """Method x split share of ‖Δ‖² removed, summed over gaps (total error / total ‖Δ‖²)."""
+    delta = errors[errors.method == PRUNED].set_index(["boundary", "split"]).error  # ‖Δ‖² per gap
+    frame = errors[errors.method != PRUNED]
+    sums = frame.groupby(["method", "split"], sort=False).error.sum()
+    totals = frame.drop_duplicates(["method", "boundary", "split"]).join(
+        delta.rename("delta"), on=["boundary", "split"]).groupby(["method", "split"], sort=False).delta.sum()
+    removed = (1 - sums / totals).rename("removed").reset_index()
+    table = removed.pivot(index="method", columns="split", values="removed")
+    return table.reindex(list(dict.fromkeys(frame.method))).reset_index()
+
+
+def error_table(errors: pd.DataFrame, run) -> pd.DataFrame:
+    """One row per fitted method: share of ‖Δ‖² removed (fit, held-out) and solve time."""
+    table = removed_table(errors).rename(columns={"fit": "removed (fit)", "heldout": "removed (held-out)"})
+    table["solve s"] = [round(run.results[m].solve_seconds, 3) for m in table.method]
+    return table
+
+
+def _color(variant: str) -> str:
+    """One stable colour per variant across every chart (methods in ``METHODS`` order)."""
+    fixed = {"dense": "#2ca02c", PRUNED: "#7f7f7f", "none": "#7f7f7f", "ghost": "#6C4AB6"}
+    if variant in fixed:
+        return fixed[variant]
+    others = [m for m in METHODS if m not in fixed]
+    index = others.index(variant) if variant in others else len(others)
+    return PALETTE[index % len(PALETTE)]

@@ -1,0 +1,265 @@
+"""Streamlit code shared by every page: state keys, the cached model, errors, long jobs, sidebar.
+
+Cross-page facts live under explicit ``ghosted.*`` keys of ``st.session_state`` (widget keys do not
+survive a page switch). The model is cached once per process and shared by every browser session,
+so nothing here ever modifies it: pruned and recovered variants are new objects built by
+``ghosted.recover``.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import streamlit as st
+import torch
+
+from ghosted.arch import describe, layer_param_count, num_layers
+from ghosted.assets import BUNDLED_MODEL
+from ghosted.deploy import DeployConfig, from_env
+from ghosted.loading import LoadedModel, ModelLoadError, load_model, source_kind
+from ghosted.prune import format_layers
+from ghosted.text import SourceUnavailableError, TextSource
+
+MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
+INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
+SELECTION = "ghosted.selection"  # list[int]: the layers to drop
+REASON = "ghosted.selection_reason"  # str: why a preset chose the selection
+INFLUENCE = "ghosted.influence"  # dict: model key, settings and the influence report
+RUN = "ghosted.run"  # dict: model key, settings, RecoveryRun and its frames
+EVAL = "ghosted.eval"  # dict: perplexity table and protocol of the current run
+GENERATIONS = "ghosted.generations"  # dict: prompts and each variant's continuations
+BUSY = "ghosted.busy"  # name of the job now running, or None
+RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVAL, GENERATIONS)  # what a model switch invalidates
+
+USER_ERRORS = (ValueError, FileNotFoundError, ModelLoadError, SourceUnavailableError)
+DEFAULT_SPEC = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "device_map": None,
+                "trust_remote_code": False}
+Progress = Callable[[str, int, int], None]
+
+
+def init_state() -> None:
+    """Defaults for the cross-page keys (the bundled model, nothing selected, no job)."""
+    st.session_state.setdefault(MODEL, dict(DEFAULT_SPEC))
+    st.session_state.setdefault(SELECTION, [])
+    st.session_state.setdefault(BUSY, None)
+
+
+def deployment() -> DeployConfig:
+    """The deployment preset named by the environment (GHOSTED_DEMO=1 or GHOSTED_DEPLOY=...)."""
+    return from_env()
+
+
+def model_key(spec: dict) -> str:
+    """A string naming everything that changes the loaded model; tags results with their model."""
+    return "|".join(str(spec.get(k)) for k in DEFAULT_SPEC)
+
+
+def _release(loaded: LoadedModel) -> None:
+    """Free an evicted model's memory (called by the cache when another model replaces it)."""
+    del loaded
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@st.cache_resource(max_entries=1, on_release=_release, show_spinner="Loading the model...")
+def load_cached(source: str, dtype: str, device: str, device_map: str | None,
+                trust_remote_code: bool) -> LoadedModel:
+    """One model for the whole server, keyed on every argument that changes it. Never mutate it."""
+    return load_model(source, dtype=dtype, device=device, device_map=device_map,
+                      trust_remote_code=trust_remote_code)
+
+
+def check_spec(spec: dict, cfg: DeployConfig) -> None:
+    """Refuse a model the deployment forbids, before anything is loaded."""
+    source = spec["source"]
+    try:
+        kind = source_kind(source)
+    except ModelLoadError:  # a missing path: say "no local paths here" first where that applies
+        if cfg.allow_local_paths:
+            raise
+        kind = "folder"
+    cfg.check_model(source, kind, spec["trust_remote_code"])
+
+
+def load(spec: dict) -> LoadedModel:
+    """Check ``spec`` against the deployment, load it (cached) and record the badge facts."""
+    check_spec(spec, deployment())
+    loaded = load_cached(**spec)
+    facts = describe(loaded.model)
+    st.session_state[INFO] = {"key": model_key(spec), "name": loaded.name, "device": loaded.device,
+                              "dtype": loaded.dtype, "layers": facts["layers"],
+                              "parameters": facts["parameters"]}
+    return loaded
+
+
+def require_model() -> LoadedModel:
+    """The current model (the bundled one by default); stops the page with an error if it fails."""
+    init_state()
+    try:
+        return load(st.session_state[MODEL])
+    except USER_ERRORS as err:
+        st.error(f"The model could not be loaded. {err}")
+        st.page_link("pages/model.py", label="Choose another model", icon=":material/memory:")
+        st.stop()
+
+
+def current_key() -> str:
+    return model_key(st.session_state.get(MODEL, DEFAULT_SPEC))
+
+
+def switch_model(spec: dict) -> None:
+    """Make ``spec`` the current model; results of another model are dropped."""
+    if model_key(spec) != current_key():
+        for key in RESULTS:
+            st.session_state.pop(key, None)
+        st.session_state[SELECTION] = []
+    st.session_state[MODEL] = spec
+
+
+def stored(key: str) -> dict | None:
+    """A stored result, if it belongs to the current model."""
+    value = st.session_state.get(key)
+    return value if value and value.get("model") == current_key() else None
+
+
+@contextmanager
+def user_errors(prefix: str = ""):
+    """Show a user mistake (bad path, impossible choice, offline source) as an error, no traceback."""
+    try:
+        yield
+    except USER_ERRORS as err:
+        st.error(f"{prefix}{err}", icon=":material/error:")
+
+
+def start_job(name: str) -> None:
+    """Form callback: mark a job as running, so its button renders disabled until it ends."""
+    st.session_state[BUSY] = name
+
+
+def busy() -> bool:
+    return bool(st.session_state.get(BUSY))
+
+
+def run_job(name: str, label: str, work: Callable[[Progress], object]) -> object | None:
+    """Run ``work(progress)`` inside ``st.status`` with a progress bar; None on a user error.
+
+    The busy flag is cleared however the job ends, also when a rerun (a click elsewhere, a page
+    switch) interrupts it, so the button never stays disabled.
+    """
+    if st.session_state.get(BUSY) != name:
+        return None
+    try:
+        with st.status(label, expanded=True) as status:
+            bar = st.progress(0.0, text="starting")
+
+            def progress(stage: str, done: int, total: int) -> None:
+                bar.progress(min(done / max(total, 1), 1.0), text=f"{stage}: {done}/{total}")
+
+            try:
+                result = work(progress)
+            except USER_ERRORS as err:
+                status.update(label=f"{label}: stopped", state="error")
+                st.error(str(err), icon=":material/error:")
+                return None
+            status.update(label=f"{label}: done", state="complete", expanded=False)
+            return result
+    finally:
+        st.session_state[BUSY] = None
+
+
+def selection() -> list[int]:
+    return list(st.session_state.get(SELECTION, []))
+
+
+def set_selection(layers) -> None:
+    """Store the layers to drop (the one cross-page record of the selection)."""
+    st.session_state[SELECTION] = sorted({int(i) for i in layers})
+
+
+def removed_share(model, layers: list[int]) -> float:
+    """Share of the model's parameters that dropping ``layers`` removes."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(layer_param_count(model, i) for i in layers) / max(total, 1)
+
+
+def selection_text(model, layers: list[int]) -> str:
+    """E.g. "20-25 (6 of 30 layers, 17.9 % of parameters)"."""
+    if not layers:
+        return "no layers selected"
+    share = removed_share(model, layers)
+    return (f"{format_layers(layers)} ({len(layers)} of {num_layers(model)} layers, "
+            f"{share:.1%} of parameters)")
+
+
+def sidebar() -> None:
+    """The badge shown on every page: deployment, loaded model and device, current selection."""
+    cfg = deployment()
+    with st.sidebar:
+        st.markdown("### :material/blur_on: Ghosted")
+        if cfg.is_restricted:
+            st.caption(f"**{cfg.name}** deployment: limited models and sizes.")
+        try:
+            loaded = load(st.session_state[MODEL])
+        except USER_ERRORS:
+            st.warning("No model loaded. Choose one on the Model page.", icon=":material/memory:")
+            return
+        info = st.session_state[INFO]
+        st.success(f"**{info['name']}**  \n{info['device']} · {info['dtype']} · {info['layers']} layers",
+                   icon=":material/memory:")
+        st.markdown(f"**Layers to drop:** {selection_text(loaded.model, selection())}")
+        if run := stored(RUN):
+            st.caption(f"Recovered: {', '.join(label(m) for m in run['methods'])}")
+
+
+def label(method: str) -> str:
+    """Display name of a method: 'none' is the plainly pruned model."""
+    return "pruned" if method == "none" else method
+
+
+TEXT_KINDS = {"bundled:news": "Bundled news", "bundled:wiki": "Bundled Wikipedia",
+              "upload": "Upload a file", "path": "Local file", "dataset": "Dataset"}
+
+
+def text_source_inputs(cfg: DeployConfig, default: str, key: str) -> Callable[[], object]:
+    """Widgets (inside a form) choosing a text; returns a function resolving the submitted choice."""
+    kinds = ["bundled:news", "bundled:wiki", "upload"]
+    kinds += ["path"] if cfg.allow_local_paths else []
+    kinds += ["dataset"] if cfg.allow_hub_datasets else []
+    kind = st.radio("Text", kinds, index=kinds.index(default), format_func=TEXT_KINDS.get,
+                    horizontal=True, key=f"{key}.kind")
+    upload = st.file_uploader("Upload a .txt (documents split by blank lines) or .jsonl ('text' field)",
+                              type=["txt", "jsonl"], key=f"{key}.upload")
+    other = "" if len(kinds) == 3 else st.text_input(
+        "Local file or dataset name", key=f"{key}.other",
+        placeholder="data/calib.txt  ·  wikitext-2-raw-v1  ·  c4  ·  hf:NAME[:CONFIG]")
+    return lambda: resolve_text(cfg, kind, upload, other)
+
+
+def resolve_text(cfg: DeployConfig, kind: str, upload, other: str):
+    """The text source a form asked for: a name, a path or an in-memory ``TextSource``."""
+    if kind.startswith("bundled:"):
+        return kind
+    if kind == "upload":
+        if upload is None:
+            raise ValueError("Choose a .txt or .jsonl file to upload, or pick another text.")
+        data = upload.getvalue()
+        cfg.check_upload(len(data))
+        try:
+            return TextSource.from_string(upload.name, data.decode("utf-8"))
+        except UnicodeDecodeError:
+            raise ValueError(f"{upload.name} is not UTF-8 text.") from None
+    name = other.strip()
+    if not name:
+        raise ValueError(f"Type a {'file path' if kind == 'path' else 'dataset name'} first.")
+    if kind == "path" and not name.lower().endswith((".txt", ".jsonl")):
+        raise ValueError(f"{name}: a local text must be a .txt or .jsonl file.")
+    cfg.check_text_source(name)
+    return name
+
+
+def source_name(source) -> str:
+    """How a text source is named in tables and recipes."""
+    return getattr(source, "name", source)

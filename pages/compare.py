@@ -1,0 +1,145 @@
+"""Compare page: perplexity, boundary errors, spectra, generations, size and speed of each variant."""
+
+import pandas as pd
+import streamlit as st
+
+from ghosted.arch import describe
+from ghosted.evaluate import forward_latency, perplexity
+from ghosted.generate import GenerationConfig, generate
+from ghosted.text import evaluation_windows
+from pages import _charts, _ui
+
+PROMPTS = "The capital of France is\nIn 1905, Albert Einstein"
+
+
+def variants(lm, stored: dict) -> dict:
+    """Dense model first, then the pruned one, then each recovered model (new objects)."""
+    run = stored["run"]
+    return {"dense": lm.model, **{_ui.label(m): r.model for m, r in run.results.items()}}
+
+
+def eval_form(cfg) -> dict:
+    with st.form("eval_form"):
+        st.markdown("**Evaluation text** (the part never used for calibration)")
+        text = _ui.text_source_inputs(cfg, "bundled:wiki", "eval")
+        left, right = st.columns(2)
+        tokens = left.number_input("Tokens to score", 64, 10_000_000, 4096, step=1024)
+        window = right.number_input("Window (tokens)", 16, 32768, 512, step=128)
+        if cfg.max_eval_tokens:
+            st.caption(f"This deployment scores at most {cfg.max_eval_tokens:,} tokens.")
+        st.form_submit_button("Evaluate perplexity", type="primary", disabled=_ui.busy(),
+                              on_click=_ui.start_job, args=("evaluate",))
+    return {"text": text, "tokens": int(tokens), "window": int(window)}
+
+
+def score(models: dict, windows, batch: int, progress) -> dict:
+    """Perplexity of every variant; the shared leading layers run once when the library can."""
+    try:
+        from ghosted.shared_eval import perplexities
+    except ImportError:
+        return {name: perplexity(m, windows, batch, show_tqdm=False) for name, m in models.items()}
+    return perplexities(models, windows, batch_size=batch, show_tqdm=False,
+                        progress=lambda done, total: progress("perplexity", done, total))
+
+
+def evaluate(lm, stored: dict, form: dict, progress) -> dict:
+    _ui.deployment().check_eval(form["tokens"])
+    progress("tokenising", 0, 1)
+    windows = evaluation_windows(lm.tokenizer, form["text"](), form["tokens"], form["window"])
+    models = variants(lm, stored)
+    results = score(models, windows, stored["config"].batch_size, progress)
+    rows = []
+    for i, (name, model) in enumerate(models.items()):
+        progress("latency", i, len(models))
+        facts, res = describe(model), results[name]
+        rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
+                     "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
+                     "memory (MB)": facts["memory_mb"],
+                     "latency (ms)": round(1e3 * forward_latency(model, windows.input_ids[:1]), 1)})
+    protocol = dict(next(iter(results.values())).protocol)
+    return {"model": stored["model"], "run_id": id(stored["run"]), "table": pd.DataFrame(rows),
+            "protocol": protocol}
+
+
+def show_perplexity(result: dict) -> None:
+    table, p = result["table"], result["protocol"]
+    chart, side = st.columns([3, 2])
+    chart.plotly_chart(_charts.perplexity_bars(table), key="ppl_chart")
+    side.dataframe(table[["variant", "perplexity", "nll"]], hide_index=True,
+                   column_config={"perplexity": st.column_config.NumberColumn(format="%.3f"),
+                                  "nll": st.column_config.NumberColumn(format="%.4f")})
+    side.markdown(f"**Protocol**  \nsource: {p.get('source')} ({p.get('part')} part)  \n"
+                  f"tokens scored: {p.get('scored_tokens'):,} in {p.get('n_windows')} windows of "
+                  f"{p.get('seq_len')}  \nBOS: {p.get('bos')}  \ndtype: {p.get('dtype')} · device: "
+                  f"{p.get('device')}")
+
+
+def show_boundary(stored: dict) -> None:
+    frames = stored["frames"]
+    st.subheader("How much of the discrepancy each method removes")
+    left, right = st.columns([3, 2])
+    left.plotly_chart(_charts.removed_bars(frames["errors"]), key="removed_chart")
+    asym = frames["asymmetry"]
+    right.markdown("**Anti-symmetric share of M = W − I** (full-stream operators)")
+    if len(asym):
+        right.dataframe(asym, hide_index=True)
+    else:
+        right.caption("No full-stream operator fitted.")
+    right.caption("norm_ratio = ‖A‖/‖M‖ with A = (M − Mᵀ)/2; energy_ratio is its square. A diagonal or "
+                  "symmetric operator has none.")
+    spectra = frames["spectra"]
+    boundaries = list(dict.fromkeys(spectra.boundary))
+    chosen = st.selectbox("Boundary", boundaries) if len(boundaries) > 1 else boundaries[0]
+    st.plotly_chart(_charts.spectra_lines(spectra, chosen), key="spectra_chart")
+
+
+@st.fragment
+def generations(lm, stored: dict) -> None:
+    """Sample continuations side by side; reruns alone, the rest of the page stays as it is."""
+    st.subheader("Generations")
+    cfg = _ui.deployment()
+    with st.form("generate_form"):
+        prompts = st.text_area("Prompts, one per line", PROMPTS)
+        left, right = st.columns(2)
+        new_tokens = left.number_input("New tokens", 1, 2048, 24)
+        chat = right.checkbox("Use the chat template", help="for instruct models")
+        go = st.form_submit_button("Generate")
+    if go:
+        with _ui.user_errors():
+            cfg.check_generation(int(new_tokens))
+            lines = [p for p in prompts.splitlines() if p.strip()]
+            gen = GenerationConfig(max_new_tokens=int(new_tokens), chat=chat)
+            with st.spinner("Generating..."):
+                outputs = {name: generate(m, lm.tokenizer, lines, gen) for name, m in variants(lm, stored).items()}
+            st.session_state[_ui.GENERATIONS] = {"model": stored["model"], "prompts": lines, "outputs": outputs}
+    shown = _ui.stored(_ui.GENERATIONS)
+    for i, prompt in enumerate(shown["prompts"] if shown else []):
+        st.markdown(f"**{prompt}**")
+        for col, (name, texts) in zip(st.columns(len(shown["outputs"])), shown["outputs"].items()):
+            col.caption(name)
+            col.write(texts[i] or "(nothing)")
+
+
+st.title("Compare")
+lm = _ui.require_model()
+stored = _ui.stored(_ui.RUN)
+if not stored:
+    st.info("Nothing to compare yet: calibrate and fit the recovery methods first.", icon=":material/healing:")
+    st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
+    st.stop()
+st.caption(f"Layers {', '.join(map(str, stored['layers']))} dropped; variants: dense, "
+           f"{', '.join(_ui.label(m) for m in stored['methods'])}.")
+form = eval_form(_ui.deployment())
+result = _ui.run_job("evaluate", "Scoring every variant", lambda progress: evaluate(lm, stored, form, progress))
+if result:
+    st.session_state[_ui.EVAL] = result
+    st.rerun()
+evaluated = _ui.stored(_ui.EVAL)
+if evaluated and evaluated["run_id"] == id(stored["run"]):
+    show_perplexity(evaluated)
+    st.subheader("Size and speed")
+    st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
+                 hide_index=True)
+    st.caption("Latency: median of 3 forward passes over one evaluation window, on this machine now.")
+show_boundary(stored)
+generations(lm, stored)

@@ -1,0 +1,125 @@
+"""Export page: results (CSV, JSON), the recipe that reproduces them, and the recovered model."""
+
+import io
+import json
+import tempfile
+import zipfile
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import streamlit as st
+
+from ghosted.pipeline import versions
+from pages import _ui
+
+
+def recipe(lm, stored: dict, evaluated: dict | None) -> dict:
+    """Everything needed to redo the run: model, layers, calibration protocol, methods, versions."""
+    cfg = stored["config"]
+    if evaluated:
+        p = evaluated["protocol"]
+        cfg = replace(cfg, eval=p["source"], eval_tokens=p["n_windows"] * p["seq_len"], eval_seq_len=p["seq_len"])
+    return {
+        "format": "ghosted-app-recipe", "model": {"name": lm.name, "source": lm.source, "kind": lm.kind,
+                                                  "revision": lm.revision, "dtype": lm.dtype, "device": lm.device},
+        "dropped_layers": stored["layers"], "dropped_spec": cfg.drop, "methods": stored["methods"],
+        "calibration": stored["protocol"], "heldout": stored["heldout_protocol"],
+        "recovery": asdict(stored["run"].config), "run_config": asdict(cfg),
+        "evaluation": evaluated["protocol"] if evaluated else None,
+        "command": command(cfg), "versions": versions(),
+    }
+
+
+def command(cfg) -> str:
+    """The CLI call that repeats this run (for a text the CLI can read: bundled, file, dataset)."""
+    return (f"python -m ghosted run --model {cfg.model} --drop {cfg.drop} --methods {','.join(cfg.methods)} "
+            f"--calib {cfg.calib} --calib-seqs {cfg.calib_seqs} --seq-len {cfg.seq_len} "
+            f"--heldout-seqs {cfg.heldout_seqs} --seed {cfg.seed} --ghost-mode {cfg.ghost_mode} "
+            f"--granularity {cfg.granularity} --batch-size {cfg.batch_size} --eval {cfg.eval} "
+            f"--eval-tokens {cfg.eval_tokens} --eval-seq-len {cfg.eval_seq_len} --dtype {cfg.dtype}")
+
+
+def report(lm, stored: dict, evaluated: dict | None) -> dict:
+    """Results as JSON: perplexities with their protocol, boundary errors, asymmetry, recipe."""
+    frames = stored["frames"]
+    return {"recipe": recipe(lm, stored, evaluated),
+            "perplexity": evaluated["table"].to_dict("records") if evaluated else None,
+            "boundary_errors": frames["errors"].to_dict("records"),
+            "asymmetry": frames["asymmetry"].to_dict("records")}
+
+
+def zipped(model, lm, run) -> bytes:
+    """The recovered model as a zip of a Hugging Face folder (built only when downloaded)."""
+    from ghosted.export import save_recovered
+
+    buffer = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = save_recovered(model, Path(tmp) / "model", lm, recipe=run)
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:  # weights do not compress
+            for file in sorted(folder.rglob("*")):
+                archive.write(file, file.relative_to(folder.parent))
+    return buffer.getvalue()
+
+
+def model_section(cfg, lm, stored: dict) -> None:
+    st.subheader("Recovered model")
+    if not cfg.allow_model_download:
+        st.info(f"Model download is off in the {cfg.name} deployment. Run Ghosted on a workstation "
+                "(or use the recipe above with `python -m ghosted run`) to get the weights.")
+        return
+    run = stored["run"]
+    method = st.selectbox("Variant", list(run.results), format_func=_ui.label)
+    model = run.results[method].model
+    st.download_button("Download the model (zip)", data=lambda: zipped(model, lm, run),
+                       file_name=f"ghosted-{method}.zip", mime="application/zip", icon=":material/download:")
+    st.caption("A Hugging Face folder: kept weights, tokenizer, `ghosted_recipe.json` and, when the "
+               "method adds operators, `ghosted_operators.safetensors` (load with `ghosted.load_recovered`).")
+    if cfg.allow_local_paths:
+        with st.form("save_form"):
+            target = st.text_input("Or save it to a folder on this machine", placeholder="./smollm2-ghost")
+            if st.form_submit_button("Save"):
+                save_to(model, lm, run, target)
+
+
+def save_to(model, lm, run, target: str) -> None:
+    from ghosted.export import save_recovered
+
+    if not target.strip():
+        raise ValueError("Type a folder to save into.")
+    try:
+        with st.spinner("Saving..."):
+            folder = save_recovered(model, Path(target.strip()).expanduser(), lm, recipe=run)
+    except OSError as err:
+        raise ValueError(f"Could not write to {target.strip()}: {err.strerror or err}") from None
+    st.success(f"Saved to {folder.resolve()}")
+
+
+st.title("Export")
+lm = _ui.require_model()
+stored = _ui.stored(_ui.RUN)
+if not stored:
+    st.info("Nothing to export yet: calibrate and fit first.", icon=":material/healing:")
+    st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
+    st.stop()
+evaluated = _ui.stored(_ui.EVAL)
+evaluated = evaluated if evaluated and evaluated["run_id"] == id(stored["run"]) else None
+st.subheader("Results")
+cols = st.columns(3)
+if evaluated:
+    cols[0].download_button("Perplexity table (CSV)", evaluated["table"].to_csv(index=False),
+                            "ghosted_perplexity.csv", "text/csv")
+else:
+    cols[0].caption("Evaluate perplexity on the Compare page to export it.")
+cols[1].download_button("Boundary errors (CSV)", stored["frames"]["errors"].to_csv(index=False),
+                        "ghosted_boundary_errors.csv", "text/csv")
+cols[2].download_button("Full report (JSON)", json.dumps(report(lm, stored, evaluated), indent=2, default=str),
+                        "ghosted_report.json", "application/json")
+st.subheader("Recipe")
+the_recipe = recipe(lm, stored, evaluated)
+st.download_button("Recipe (JSON)", json.dumps(the_recipe, indent=2, default=str), "ghosted_recipe.json",
+                   "application/json")
+st.code(the_recipe["command"], language="bash")
+with st.expander("Recipe contents"):
+    st.json(the_recipe)
+with _ui.user_errors("Not saved: "):
+    model_section(_ui.deployment(), lm, stored)

@@ -1,0 +1,107 @@
+"""Learn page: the method step by step, each step shown with the user's own run."""
+
+import streamlit as st
+
+from ghosted.arch import hidden_size, num_layers
+from ghosted.prune import format_layers
+from pages import _charts, _ui
+
+
+def step_stream(lm, influence: dict | None) -> None:
+    st.header("1 · The residual stream")
+    n, d = num_layers(lm.model), hidden_size(lm.model)
+    st.markdown(f"Each token travels through the model as a vector of **{d}** numbers, the *residual "
+                f"stream*. Each of the **{n}** layers reads it and adds an update (attention, then MLP):")
+    st.latex(r"h_{\ell+1} = h_\ell + f_\ell(h_\ell)")
+    st.markdown("So a layer that adds little can be removed, and its neighbours still read a stream "
+                "of the same shape.")
+    report = influence["report"] if influence else None
+    if report is not None and len(report.layers):
+        metric = report.layers.metric.iloc[0]
+        st.plotly_chart(_charts.layer_bars(report.layers, metric, _ui.selection()), key="learn_layers")
+        st.caption(f"Your model: {metric} per layer (Influence page). Low bars change the stream least.")
+    else:
+        st.caption("Compute the influence of each layer on the Influence page to see it for your model.")
+
+
+def step_pruning(lm, stored: dict, evaluated: dict | None) -> None:
+    st.header("2 · What pruning breaks")
+    errors, spectra = stored["frames"]["errors"], stored["frames"]["spectra"]
+    boundary = spectra.boundary.iloc[0]
+    start, end = (int(i) for i in boundary.split("-"))
+    fit = errors[errors.split == "fit"]
+    tokens = int(fit.tokens.iloc[0]) if "tokens" in fit else stored["protocol"]["tokens"]
+    gaps = errors.boundary.nunique()
+    where = f" (the first of your {gaps} gaps)" if gaps > 1 else ""
+    st.markdown(f"You removed layers **{format_layers(stored['layers'])}**. Layer {end} used to receive "
+                f"the stream *Y* after layers {start}-{end - 1}{where}; now it receives *X*, the stream "
+                "before them. What it misses is the discrepancy")
+    st.latex(r"\Delta = Y - X \qquad (%d \text{ tokens} \times %d \text{ numbers on your calibration text})"
+             % (tokens, hidden_size(lm.model)))
+    if evaluated:
+        ppl = evaluated["table"].set_index("variant").perplexity
+        st.markdown(f"Without Δ, perplexity goes from **{ppl['dense']:.2f}** (dense) to "
+                    f"**{ppl['pruned']:.2f}** (pruned) on your evaluation text.")
+    else:
+        st.caption("Evaluate perplexity on the Compare page to see what this costs in perplexity.")
+    delta = spectra[(spectra.boundary == boundary) & (spectra.method == "pruned")].singular_value
+    energy = (delta**2).cumsum() / (delta**2).sum()
+    top = int((energy < 0.9).sum()) + 1
+    spread = "spread over many directions" if top > len(delta) // 10 else "concentrated in a few directions"
+    st.markdown(f"On your tokens Δ is {spread}: **{top}** of its {len(delta)} directions carry 90 % of "
+                "‖Δ‖² (the grey curve in step 3).")
+
+
+def step_least_squares(stored: dict) -> None:
+    st.header("3 · The least-squares problem and its closed form")
+    st.markdown("Look for a linear map that puts Δ back from what the next layer still sees, X:")
+    st.latex(r"\min_M \|XM - \Delta\|_F^2 + \varepsilon\|M\|_F^2 \;\Rightarrow\; (X^\top X + \varepsilon I)\,M "
+             r"= X^\top \Delta, \qquad W = I + M")
+    st.markdown("Only the d x d matrices XᵀX and XᵀΔ are needed, accumulated over every calibration "
+                "token in float64, then one linear solve: no gradient, no training.")
+    table = _charts.removed_table(stored["frames"]["errors"]).set_index("method")
+    if "ghost" in table.index:
+        row, solve = table.loc["ghost"], stored["run"].results["ghost"].solve_seconds
+        held = f" and **{row['heldout']:.1%}** on held-out tokens" if "heldout" in row else ""
+        st.markdown(f"On your run the solve took **{solve:.2f} s** and W removes **{row['fit']:.1%}** of "
+                    f"‖Δ‖² on the tokens it was fitted on{held}.")
+    else:
+        st.warning("Your run has no ghost operator: add 'ghost' to the methods on Calibrate & recover.")
+    spectra = stored["frames"]["spectra"]
+    st.plotly_chart(_charts.spectra_lines(spectra, spectra.boundary.iloc[0]), key="learn_spectra")
+    st.caption("Singular values of Δ (pruned) and of what each method leaves over, on your calibration tokens.")
+
+
+def step_restricted(stored: dict) -> None:
+    st.header("4 · Why restricted operators do worse")
+    st.markdown("Other training-free methods search a smaller family of maps: LinearPatch scales "
+                "channels (a diagonal, possibly in a Hadamard basis: a symmetric map); ReplaceMe changes "
+                "only one layer's MLP output. The closed form above is the best of *all* linear maps "
+                "on the stream, so on the fitted tokens a smaller family can only do as well or worse.")
+    errors = stored["frames"]["errors"]
+    methods = set(errors.method) - {"pruned"}
+    if len(methods) > 1:
+        st.plotly_chart(_charts.removed_bars(errors), key="learn_removed")
+    else:
+        st.warning("Fit a baseline too (e.g. replaceme-ls or linearpatch-rotate) to compare it here.")
+    asym = stored["frames"]["asymmetry"]
+    ghost = asym[asym.method == "ghost"] if len(asym) else asym
+    if len(ghost):
+        share = float(ghost.energy_ratio.iloc[0])
+        st.markdown(f"Part of the reason: **{share:.0%}** of the energy of your M = W − I is anti-symmetric "
+                    "(a rotation-like part, M ≠ Mᵀ). A diagonal or symmetric operator cannot express it.")
+
+
+st.title("Learn: how ghost layers work")
+lm = _ui.require_model()
+stored = _ui.stored(_ui.RUN)
+step_stream(lm, _ui.stored(_ui.INFLUENCE))
+if not stored:
+    st.info("The next steps use your own numbers: pick layers to drop and run a calibration first "
+            "(a small one takes seconds).", icon=":material/healing:")
+    st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
+    st.stop()
+evaluated = _ui.stored(_ui.EVAL)
+step_pruning(lm, stored, evaluated if evaluated and evaluated["run_id"] == id(stored["run"]) else None)
+step_least_squares(stored)
+step_restricted(stored)

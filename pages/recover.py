@@ -1,0 +1,103 @@
+"""Calibrate & recover page: gather statistics once, fit every chosen method, keep the run."""
+
+import time
+
+import streamlit as st
+
+from ghosted.pipeline import RunConfig, split_calibration
+from ghosted.prune import format_layers
+from ghosted.recover import METHODS, recover
+from ghosted.text import calibration_windows
+from pages import _charts, _ui
+
+DEFAULT_METHODS = ("ghost", "replaceme-ls")  # the paper's method and its closest baseline
+
+
+def settings_form(cfg) -> dict | None:
+    """Calibration settings; returns them (with a text resolver) when the form is submitted."""
+    fittable = [m for m in METHODS if m != "none"]
+    with st.form("calibrate_form"):
+        st.markdown("**Calibration text**")
+        text = _ui.text_source_inputs(cfg, "bundled:news", "calib")
+        cols = st.columns(4)
+        n_seqs = cols[0].number_input("Sequences", 1, 4096, 16, help="windows the operators are fitted on")
+        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64)
+        heldout = cols[2].number_input("Held-out sequences", 0, 1024, 4,
+                                       help="extra windows never fitted: the held-out errors")
+        seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, help="which windows are drawn")
+        if cfg.max_calib_tokens:
+            st.caption(f"This deployment allows at most {cfg.max_calib_tokens:,} calibration tokens.")
+        methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
+                                 default=[m for m in DEFAULT_METHODS if m in fittable])
+        mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True,
+                        help="independent: every gap fitted on the dense model (paper); sequential: "
+                             "each gap fitted on the model already pruned and patched upstream")
+        with st.expander("Advanced"):
+            batch = st.number_input("Batch size (windows per forward pass)", 1, 256, 4)
+            granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True,
+                                   help="one per contiguous block, or one per removed layer")
+        st.form_submit_button("Calibrate and fit", type="primary", disabled=_ui.busy(),
+                              on_click=_ui.start_job, args=("calibrate",))
+    return dict(text=text, n_seqs=int(n_seqs), seq_len=int(seq_len), heldout=int(heldout), seed=int(seed),
+                methods=list(methods), mode=mode, batch=int(batch), granularity=granularity)
+
+
+def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
+    """Windows, statistics and every method's operator; plain frames for display."""
+    cfg = _ui.deployment()
+    cfg.check_calibration(form["n_seqs"], form["seq_len"], form["heldout"])
+    source = form["text"]()
+    started = time.perf_counter()
+    methods = ["none", *form["methods"]]
+    run_cfg = RunConfig(model=lm.source, calib=_ui.source_name(source), calib_seqs=form["n_seqs"],
+                        seq_len=form["seq_len"], heldout_seqs=form["heldout"], seed=form["seed"],
+                        drop=format_layers(layers), methods=["dense", *methods], ghost_mode=form["mode"],
+                        granularity=form["granularity"], batch_size=form["batch"],
+                        device=lm.device, dtype=lm.dtype)
+    progress("tokenising", 0, 1)
+    windows = calibration_windows(lm.tokenizer, source, form["n_seqs"] + form["heldout"],
+                                  form["seq_len"], form["seed"])
+    fit, held = split_calibration(windows, form["heldout"])
+    run = recover(lm.model, layers, methods, fit, held, run_cfg.recovery_config(),
+                  progress=progress, show_tqdm=False)
+    progress("spectra and errors", 0, 1)
+    frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry()}
+    return {"model": _ui.current_key(), "run": run, "config": run_cfg, "methods": methods,
+            "layers": layers, "frames": frames, "protocol": fit.protocol,
+            "heldout_protocol": held.protocol if held else None,
+            "seconds": time.perf_counter() - started}
+
+
+def _no_layers():
+    raise ValueError("Choose at least one layer to drop (Influence page) before calibrating.")
+
+
+def summary(stored: dict) -> None:
+    """What the last run fitted, how well, and how long it took."""
+    run, proto = stored["run"], stored["protocol"]
+    st.subheader(f"Run: layers {format_layers(stored['layers'])} dropped")
+    st.caption(f"Fitted on {proto['n_windows']} x {proto['seq_len']} tokens of {proto['source']} "
+               f"({proto['part']} part, seed {proto.get('seed')}); {stored['seconds']:.1f} s in all.")
+    st.dataframe(_charts.error_table(stored["frames"]["errors"], run), hide_index=True)
+    st.page_link("pages/compare.py", label="Next: compare perplexity, spectra and generations",
+                 icon=":material/arrow_forward:")
+
+
+st.title("Calibrate & recover")
+lm = _ui.require_model()
+layers = _ui.selection()
+if layers:
+    st.info(f"Layers to drop: **{_ui.selection_text(lm.model, layers)}**", icon=":material/content_cut:")
+else:
+    st.warning("No layers selected yet. Pick them on the Influence page first.", icon=":material/content_cut:")
+    st.page_link("pages/influence.py", label="Choose layers", icon=":material/insights:")
+form = settings_form(_ui.deployment())
+result = _ui.run_job("calibrate", "Calibrating and fitting",
+                     lambda progress: calibrate(lm, layers, form, progress) if layers else _no_layers())
+if result:
+    st.session_state[_ui.RUN] = result
+    for key in (_ui.EVAL, _ui.GENERATIONS):
+        st.session_state.pop(key, None)
+    st.rerun()
+if stored := _ui.stored(_ui.RUN):
+    summary(stored)
