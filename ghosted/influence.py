@@ -91,6 +91,8 @@ class InfluenceConfig:
 
     metrics: list[str] = field(default_factory=lambda: list(SINGLE_PASS))  # names in CRITERIA
     n_values: list[int] | None = None  # block sizes n for block criteria; None: every n in 1..L-1
+    recoverability_n_values: list[int] | None = None  # block sizes for recoverability only (its
+    # memory and time grow with them); None: the same as n_values
     batch_size: int = 4  # windows per forward pass; memory grows with it, the sums do not
     eps: float = 1e-6  # ridge of the ghost solve (as ``recover``)
     solver: str = "solve"  # ghost solver, "solve" or "pinv" (as ``recover``)
@@ -203,12 +205,14 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
                           show_tqdm) -> tuple[list, list, dict]:
     total, dim = num_layers(model), hidden_size(model)
     wanted = set(cfg.metrics)
-    blocks = block_list(n_values, total) if wanted & {"recoverability", "recoverability_heldout"} else []
+    rec_n = n_values if cfg.recoverability_n_values is None else resolve_n_values(cfg.recoverability_n_values, total)
+    blocks = block_list(rec_n, total) if wanted & {"recoverability", "recoverability_heldout"} else []
     needed = gram_bytes(blocks, dim)
     if needed > cfg.max_gram_gib * 2**30:
-        raise ValueError(f"Recoverability for n in {n_values} needs {needed / 2**30:.1f} GiB of float64 "
+        raise ValueError(f"Recoverability for n in {rec_n} needs {needed / 2**30:.1f} GiB of float64 "
                          f"Gram blocks (8·d² bytes per boundary pair), over max_gram_gib="
-                         f"{cfg.max_gram_gib}. Restrict n_values (e.g. [7, 11]) or raise the limit.")
+                         f"{cfg.max_gram_gib}. Restrict n_values or recoverability_n_values (e.g. [7, 11]) "
+                         f"or raise the limit.")
     similar = bool(wanted - {"recoverability", "recoverability_heldout"})
     clock = time.perf_counter()
     sims, grams = _stream(model, windows, total, dim, blocks, similar, cfg.batch_size, "calibration pass",
@@ -239,7 +243,8 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
             if metric in wanted:
                 block_rows += [(metric, s, e - s, e, v[column]) for (s, e), v in scores.items()]
     info = {"tokens": sims.tokens if sims else grams.tokens, "sequences": sims.sequences if sims else None,
-            "gram_bytes": needed, "heldout_tokens": held_grams.tokens if held_grams else None}
+            "gram_bytes": needed, "heldout_tokens": held_grams.tokens if held_grams else None,
+            "recoverability_n_values": rec_n if blocks else []}
     return block_rows, layer_rows, info
 
 

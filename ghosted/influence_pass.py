@@ -112,7 +112,7 @@ def gram_pairs(blocks: list[tuple[int, int]]) -> dict[int, list[int]]:
 def gram_bytes(blocks: list[tuple[int, int]], dim: int) -> int:
     """Memory the float64 Gram blocks of ``blocks`` take: 8·d² bytes per stored boundary pair.
 
-    Example (SmolLM2, d = 576, 30 layers): every block of every n stores 496 pairs, 1.3 GB; only
+    Example (SmolLM2, d = 576, 30 layers): every block of every n stores 495 pairs, 1.3 GB; only
     n = 7 and n = 11 store 75 pairs, 0.2 GB.
     """
     return 8 * dim * dim * sum(len(js) for js in gram_pairs(blocks).values())

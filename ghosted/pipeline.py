@@ -16,10 +16,10 @@ import torch
 from ghosted import __version__
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibrate import CalibrationConfig
-from ghosted.evaluate import perplexity
 from ghosted.loading import LoadedModel, load_model
 from ghosted.prune import format_layers, parse_layers
 from ghosted.recover import RecoveryConfig, RecoveryRun, recover
+from ghosted.shared_eval import perplexities
 from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -102,12 +102,10 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
     models = {"dense": lm.model} if "dense" in methods else {}
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
     errors = run.errors() if run else None
-    entries = []
-    for i, (name, model) in enumerate(models.items()):
-        if progress:
-            progress(f"perplexity: {name}", i, len(models))
-        res = perplexity(model, eval_windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm, label=name)
-        entries.append(_entry(name, res, run, errors, model))
+    step = (lambda done, total: progress("perplexity", done, total)) if progress else None
+    results = perplexities(models, eval_windows, batch_size=cfg.batch_size, progress=step,
+                           show_tqdm=show_tqdm)  # leading layers shared by all variants run once
+    entries = [_entry(name, results[name], run, errors, model) for name, model in models.items()]
     report = {
         "model": lm.name, "model_source": lm.source, "dropped": dropped,
         "dropped_spec": format_layers(dropped), "layers": num_layers(lm.model), "selection": selection,

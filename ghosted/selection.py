@@ -69,7 +69,7 @@ def _report_for(source, metric: str, n: int, windows, heldout, config) -> Influe
             raise ValueError("Selecting on a bare model needs calibration windows (windows=...).")
         windows, heldout = _default_windows(tokenizer)
     base = config or InfluenceConfig()
-    cfg = InfluenceConfig(**{**vars(base), "metrics": [metric], "n_values": [n],
+    cfg = InfluenceConfig(**{**vars(base), "metrics": [metric], "n_values": [n], "recoverability_n_values": None,
                              "sleb_steps": n if metric == "sleb" else base.sleb_steps})
     return influence(model, windows, cfg, heldout=heldout, show_tqdm=False)
 

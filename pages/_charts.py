@@ -20,24 +20,30 @@ def method_label(method: str) -> str:
     return PRUNED if method == "none" else method
 
 
-def heatmap(blocks: pd.DataFrame, metric: str) -> go.Figure:
-    """(n x start) heatmap of one block criterion: a cell is the block of n layers from ``start``."""
+def heatmap(blocks: pd.DataFrame, metric: str, prune: str = "") -> go.Figure:
+    """(start x n) heatmap of one block criterion: a cell is the block of n layers from ``start``."""
     grid = blocks[blocks.metric == metric].pivot_table(index="n", columns="start", values="value")
     fig = go.Figure(go.Heatmap(z=grid.values, x=list(grid.columns), y=list(grid.index), colorscale="Viridis",
-                               colorbar=dict(title=""), hovertemplate="start %{x}, n %{y}: %{z:.4g}<extra></extra>"))
-    fig.update_layout(title=f"{metric}: block of n layers starting at layer start",
-                      xaxis_title="first removed layer (start)", yaxis_title="layers removed (n)", **LAYOUT)
+                               reversescale=prune == "lowest",
+                               hovertemplate="start %{x}, n %{y}: %{z:.4g}<extra></extra>"))
+    hint = f" ({prune} values: drop first)" if prune else ""
+    fig.update_layout(title=f"{metric}{hint}", xaxis_title="first removed layer (start)",
+                      yaxis_title="layers removed (n)", **LAYOUT)
     return fig
 
 
-def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int]) -> go.Figure:
+def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: str = "") -> go.Figure:
     """Per-layer criterion as bars (clickable); selected layers are highlighted."""
     rows = layers[layers.metric == metric].sort_values("layer")
     colors = ["#d62728" if int(i) in selected else "#6C4AB6" for i in rows.layer]
     fig = go.Figure(go.Bar(x=rows.layer.tolist(), y=rows.value.tolist(), marker_color=colors,
                            hovertemplate="layer %{x}: %{y:.4g}<extra></extra>"))
-    fig.update_layout(title=f"{metric} per layer (click bars to select; red = selected)",
-                      xaxis_title="layer", yaxis_title=metric, clickmode="event+select", **LAYOUT)
+    values = rows.value.dropna()
+    wide = len(values) and values.min() > 0 and values.max() / values.min() > 100
+    hint = f"{prune} values: drop first; " if prune else ""
+    fig.update_layout(title=f"{metric} per layer ({hint}click or shift-click bars; red = selected)",
+                      xaxis_title="layer", yaxis_title=metric, yaxis_type="log" if wide else "linear",
+                      clickmode="event+select", **LAYOUT)
     return fig
 
 

@@ -179,6 +179,14 @@ def set_selection(layers) -> None:
     st.session_state[SELECTION] = sorted({int(i) for i in layers})
 
 
+def check_selection(model, layers: list[int]) -> None:
+    """Refuse an empty selection or one that removes every layer."""
+    if not layers:
+        raise ValueError("Choose at least one layer to drop (Influence page) first.")
+    if len(set(layers)) >= num_layers(model):
+        raise ValueError(f"That drops all {num_layers(model)} layers: keep at least one.")
+
+
 def removed_share(model, layers: list[int]) -> float:
     """Share of the model's parameters that dropping ``layers`` removes."""
     total = sum(p.numel() for p in model.parameters())
@@ -229,11 +237,11 @@ def text_source_inputs(cfg: DeployConfig, default: str, key: str) -> Callable[[]
     kinds += ["path"] if cfg.allow_local_paths else []
     kinds += ["dataset"] if cfg.allow_hub_datasets else []
     kind = st.radio("Text", kinds, index=kinds.index(default), format_func=TEXT_KINDS.get,
-                    horizontal=True, key=f"{key}.kind")
+                    horizontal=True, key=f"{key}_kind")
     upload = st.file_uploader("Upload a .txt (documents split by blank lines) or .jsonl ('text' field)",
-                              type=["txt", "jsonl"], key=f"{key}.upload")
+                              type=["txt", "jsonl"], key=f"{key}_upload")
     other = "" if len(kinds) == 3 else st.text_input(
-        "Local file or dataset name", key=f"{key}.other",
+        "Local file or dataset name", key=f"{key}_other",
         placeholder="data/calib.txt  ·  wikitext-2-raw-v1  ·  c4  ·  hf:NAME[:CONFIG]")
     return lambda: resolve_text(cfg, kind, upload, other)
 

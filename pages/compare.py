@@ -9,6 +9,7 @@ from ghosted.generate import GenerationConfig, generate
 from ghosted.text import evaluation_windows
 from pages import _charts, _ui
 
+LATENCY_TOKENS = 128  # tokens of the one window timed per variant
 PROMPTS = "The capital of France is\nIn 1905, Albert Einstein"
 
 
@@ -23,11 +24,11 @@ def eval_form(cfg) -> dict:
         st.markdown("**Evaluation text** (the part never used for calibration)")
         text = _ui.text_source_inputs(cfg, "bundled:wiki", "eval")
         left, right = st.columns(2)
-        tokens = left.number_input("Tokens to score", 64, 10_000_000, 4096, step=1024)
-        window = right.number_input("Window (tokens)", 16, 32768, 512, step=128)
+        tokens = left.number_input("Tokens to score", 64, 10_000_000, 4096, step=1024, key="eval_tokens")
+        window = right.number_input("Window (tokens)", 16, 32768, 512, step=128, key="eval_window")
         if cfg.max_eval_tokens:
             st.caption(f"This deployment scores at most {cfg.max_eval_tokens:,} tokens.")
-        st.form_submit_button("Evaluate perplexity", type="primary", disabled=_ui.busy(),
+        st.form_submit_button("Evaluate perplexity", type="primary", key="evaluate_run", disabled=_ui.busy(),
                               on_click=_ui.start_job, args=("evaluate",))
     return {"text": text, "tokens": int(tokens), "window": int(window)}
 
@@ -55,7 +56,7 @@ def evaluate(lm, stored: dict, form: dict, progress) -> dict:
         rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
                      "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
                      "memory (MB)": facts["memory_mb"],
-                     "latency (ms)": round(1e3 * forward_latency(model, windows.input_ids[:1]), 1)})
+                     "latency (ms)": round(1e3 * forward_latency(model, windows.input_ids[:1, :LATENCY_TOKENS]), 1)})
     protocol = dict(next(iter(results.values())).protocol)
     return {"model": stored["model"], "run_id": id(stored["run"]), "table": pd.DataFrame(rows),
             "protocol": protocol}
@@ -99,11 +100,11 @@ def generations(lm, stored: dict) -> None:
     st.subheader("Generations")
     cfg = _ui.deployment()
     with st.form("generate_form"):
-        prompts = st.text_area("Prompts, one per line", PROMPTS)
+        prompts = st.text_area("Prompts, one per line", PROMPTS, key="prompts")
         left, right = st.columns(2)
-        new_tokens = left.number_input("New tokens", 1, 2048, 24)
+        new_tokens = left.number_input("New tokens", 1, 2048, 24, key="new_tokens")
         chat = right.checkbox("Use the chat template", help="for instruct models")
-        go = st.form_submit_button("Generate")
+        go = st.form_submit_button("Generate", key="generate_run")
     if go:
         with _ui.user_errors():
             cfg.check_generation(int(new_tokens))
@@ -140,6 +141,6 @@ if evaluated and evaluated["run_id"] == id(stored["run"]):
     st.subheader("Size and speed")
     st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
                  hide_index=True)
-    st.caption("Latency: median of 3 forward passes over one evaluation window, on this machine now.")
+    st.caption(f"Latency: median of 3 forward passes over {LATENCY_TOKENS} tokens, on this machine now.")
 show_boundary(stored)
 generations(lm, stored)

@@ -1,63 +1,90 @@
 """Influence page: how much each layer and block changes the stream, and which layers to drop."""
 
+import pandas as pd
 import streamlit as st
 
 from ghosted.arch import num_layers
 from ghosted.text import calibration_windows
 from pages import _charts, _ui
 
-try:
-    from ghosted import influence
-except ImportError:  # the library without layer-selection criteria: manual choice only
-    influence = None
+from ghosted.influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
+from ghosted.pipeline import split_calibration
+from ghosted.selection import select
 
+RECOVERABILITY = ("recoverability", "recoverability_heldout")  # Gram blocks: computed for chosen n only
+DEFAULT_CRITERIA = ("streamline_cosine", "angular_all", "block_influence", "recoverability")
 REASON, PRESET_ERROR = _ui.REASON, "ghosted.preset_error"
-PRESETS = {  # preset -> (criterion, what it means)
-    "Streamline block of n": ("streamline", "the contiguous block whose input and output are most alike"),
-    "ShortGPT n": ("shortgpt", "the n layers with the lowest block influence, anywhere"),
-    "most recoverable block of n": ("recoverable", "the contiguous block a ghost operator restores best"),
+PRESETS = {  # preset -> (criterion, what it picks)
+    "Streamline block of n": ("streamline_cosine", "the contiguous block whose input and output are most alike"),
+    "ShortGPT n": ("block_influence", "the n layers with the lowest Block Influence, anywhere"),
+    "most recoverable block of n": ("recoverability", "the contiguous block a ghost operator restores best"),
 }
+
+
+def criterion_label(name: str) -> str:
+    c = CRITERIA[name]
+    cost = {"pass": "", "heldout": ", + held-out pass", "per-layer": ", slow: a pass per layer",
+            "gradient": ", slow: a backward pass"}[c.cost]
+    return f"{name} ({c.origin}{cost})"
 
 
 def influence_form(cfg, n_layers: int) -> dict:
     with st.form("influence_form"):
         text = _ui.text_source_inputs(cfg, "bundled:news", "influence")
         cols = st.columns(3)
-        n_seqs = cols[0].number_input("Sequences", 1, 1024, 8)
-        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64)
-        max_n = cols[2].number_input("Largest block (n)", 1, n_layers - 1, min(12, n_layers - 1))
-        st.form_submit_button("Compute influence", type="primary", disabled=_ui.busy(),
+        n_seqs = cols[0].number_input("Sequences", 1, 1024, 16, key="influence_seqs")
+        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="influence_len")
+        rec_n = cols[2].multiselect("Block sizes n for recoverability", list(range(1, n_layers)), key="influence_rec_n",
+                                    default=[min(6, n_layers - 1)],
+                                    help="a ghost fit per block: each n adds memory and time")
+        metrics = st.multiselect("Criteria", list(CRITERIA), default=list(DEFAULT_CRITERIA), key="influence_metrics",
+                                 format_func=criterion_label)
+        st.form_submit_button("Compute influence", type="primary", key="influence_run", disabled=_ui.busy(),
                               on_click=_ui.start_job, args=("influence",))
-    return {"text": text, "n_seqs": int(n_seqs), "seq_len": int(seq_len), "max_n": int(max_n)}
+    return {"text": text, "n_seqs": int(n_seqs), "seq_len": int(seq_len), "rec_n": rec_n, "metrics": metrics}
 
 
 def compute(lm, form: dict, progress) -> dict:
-    _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"])
+    """Similarity criteria for every n in one pass; recoverability only for the chosen n."""
+    if not form["metrics"]:
+        raise ValueError("Choose at least one criterion.")
+    heldout = 4 if "recoverability_heldout" in form["metrics"] else 0
+    _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"], heldout)
     progress("tokenising", 0, 1)
-    windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"], form["seq_len"], seed=0)
-    report = influence.compute_influence(lm.model, windows, n_values=list(range(1, form["max_n"] + 1)),
-                                         progress=progress)
-    return {"model": _ui.current_key(), "report": report, "protocol": windows.protocol}
+    windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"] + heldout, form["seq_len"], seed=0)
+    fit, held = split_calibration(windows, heldout)
+    cheap = [m for m in form["metrics"] if m not in RECOVERABILITY]
+    costly = [m for m in form["metrics"] if m in RECOVERABILITY]
+    if costly and not form["rec_n"]:
+        raise ValueError("Recoverability needs at least one block size n.")
+    reports = [influence(lm.model, fit, InfluenceConfig(metrics=cheap), progress=progress, show_tqdm=False)] if cheap else []
+    if costly:
+        reports.append(influence(lm.model, fit, InfluenceConfig(metrics=costly, n_values=sorted(form["rec_n"])),
+                                 heldout=held, progress=progress, show_tqdm=False))
+    report = InfluenceReport(blocks=pd.concat([r.blocks for r in reports], ignore_index=True),
+                             layers=pd.concat([r.layers for r in reports], ignore_index=True),
+                             num_layers=reports[0].num_layers, meta={"passes": [r.meta for r in reports]})
+    return {"model": _ui.current_key(), "report": report, "protocol": fit.protocol}
 
 
 def on_bar_click() -> None:
     """Chart callback: the clicked bars become the selection (shift-click adds more)."""
-    points = st.session_state["influence.bars"].selection.points
+    points = st.session_state["influence_bars"].selection.points
     if points:
         _ui.set_selection([int(p["x"]) for p in points])
         st.session_state.pop(REASON, None)
 
 
 def on_multiselect() -> None:
-    _ui.set_selection(st.session_state["influence.layers"])
+    _ui.set_selection(st.session_state["influence_layers"])
     st.session_state.pop(REASON, None)
 
 
 def on_preset(report) -> None:
     """Button callback: the preset's layers become the selection, with the reason shown."""
-    metric = PRESETS[st.session_state["influence.preset"]][0]
+    metric = PRESETS[st.session_state["influence_preset"]][0]
     try:
-        layers, reason = influence.select(report, metric, int(st.session_state["influence.n"]))
+        layers, reason = select(report, metric, int(st.session_state["influence_n"]))
     except _ui.USER_ERRORS as err:
         st.session_state[PRESET_ERROR] = str(err)
         return
@@ -70,13 +97,16 @@ def charts(report) -> None:
     left, right = st.columns(2)
     block_metrics = list(dict.fromkeys(report.blocks.metric))
     if block_metrics:
-        metric = left.selectbox("Block criterion", block_metrics, key="influence.block_metric")
-        left.plotly_chart(_charts.heatmap(report.blocks, metric), key="influence.heatmap")
+        metric = left.selectbox("Block criterion", block_metrics, key="influence_block_metric")
+        left.plotly_chart(_charts.heatmap(report.blocks, metric, CRITERIA[metric].prune), key="influence_heatmap")
+        left.caption(CRITERIA[metric].label)
     layer_metrics = list(dict.fromkeys(report.layers.metric))
     if layer_metrics:
-        metric = right.selectbox("Per-layer criterion", layer_metrics, key="influence.layer_metric")
-        right.plotly_chart(_charts.layer_bars(report.layers, metric, _ui.selection()), key="influence.bars",
+        metric = right.selectbox("Per-layer criterion", layer_metrics, key="influence_layer_metric")
+        prune = CRITERIA[metric].prune if metric in CRITERIA else ""
+        right.plotly_chart(_charts.layer_bars(report.layers, metric, _ui.selection(), prune), key="influence_bars",
                            on_select=on_bar_click, selection_mode="points")
+        right.caption(CRITERIA[metric].label if metric in CRITERIA else metric)
 
 
 def pickers(model, report) -> None:
@@ -84,14 +114,14 @@ def pickers(model, report) -> None:
     n_layers = num_layers(model)
     if report is not None:
         cols = st.columns([3, 1, 1])
-        cols[0].selectbox("Preset", list(PRESETS), key="influence.preset",
+        cols[0].selectbox("Preset", list(PRESETS), key="influence_preset",
                           help="\n".join(f"- **{k}**: {v[1]}" for k, v in PRESETS.items()))
-        cols[1].number_input("n", 1, n_layers - 1, min(6, n_layers - 1), key="influence.n")
-        cols[2].button("Apply preset", on_click=on_preset, args=(report,), width="stretch")
+        cols[1].number_input("n", 1, n_layers - 1, min(6, n_layers - 1), key="influence_n")
+        cols[2].button("Apply preset", key="influence_apply", on_click=on_preset, args=(report,), width="stretch")
         if error := st.session_state.pop(PRESET_ERROR, None):
             st.error(error, icon=":material/error:")
-    st.session_state["influence.layers"] = _ui.selection()
-    st.multiselect("Layers to drop", list(range(n_layers)), key="influence.layers",
+    st.session_state["influence_layers"] = _ui.selection()
+    st.multiselect("Layers to drop", list(range(n_layers)), key="influence_layers",
                    on_change=on_multiselect)
     layers = _ui.selection()
     if len(layers) == n_layers:
@@ -106,17 +136,13 @@ st.title("Influence")
 st.write("Which layers change the residual stream least? Compute the criteria on a little text, then "
          "click bars, use a preset or pick layers by hand.")
 lm = _ui.require_model()
-report = None
-if influence is None:
-    st.warning("Layer-selection criteria are not available in this install; pick layers by hand.")
-else:
-    form = influence_form(_ui.deployment(), num_layers(lm.model))
-    result = _ui.run_job("influence", "Measuring layer influence", lambda progress: compute(lm, form, progress))
-    if result:
-        st.session_state[_ui.INFLUENCE] = result
-        st.rerun()
-    stored = _ui.stored(_ui.INFLUENCE)
-    report = stored["report"] if stored else None
-    if report is not None:
-        charts(report)
+form = influence_form(_ui.deployment(), num_layers(lm.model))
+result = _ui.run_job("influence", "Measuring layer influence", lambda progress: compute(lm, form, progress))
+if result:
+    st.session_state[_ui.INFLUENCE] = result
+    st.rerun()
+stored = _ui.stored(_ui.INFLUENCE)
+report = stored["report"] if stored else None
+if report is not None:
+    charts(report)
 pickers(lm.model, report)

@@ -17,7 +17,8 @@ def step_stream(lm, influence: dict | None) -> None:
                 "of the same shape.")
     report = influence["report"] if influence else None
     if report is not None and len(report.layers):
-        metric = report.layers.metric.iloc[0]
+        metrics = list(dict.fromkeys(report.layers.metric))
+        metric = "block_influence" if "block_influence" in metrics else metrics[0]
         st.plotly_chart(_charts.layer_bars(report.layers, metric, _ui.selection()), key="learn_layers")
         st.caption(f"Your model: {metric} per layer (Influence page). Low bars change the stream least.")
     else:

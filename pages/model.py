@@ -25,8 +25,8 @@ def spec_form(cfg, spec: dict) -> dict | None:
     kinds = [BUNDLED, HUB] if not cfg.allow_local_paths else [BUNDLED, PATH, HUB]
     current = BUNDLED if spec["source"] == BUNDLED_MODEL else HUB
     with st.form("model_form"):
-        kind = st.radio("Source", kinds, index=kinds.index(current), horizontal=True)
-        where = st.text_input("Folder, .gguf file or hub id",
+        kind = st.radio("Source", kinds, index=kinds.index(current), horizontal=True, key="model_kind")
+        where = st.text_input("Folder, .gguf file or hub id", key="model_where",
                               value="" if spec["source"] == BUNDLED_MODEL else spec["source"],
                               placeholder="./my-model  ·  ~/models/x.gguf  ·  HuggingFaceTB/SmolLM2-360M",
                               help="Ignored for the bundled model.")
@@ -39,7 +39,7 @@ def spec_form(cfg, spec: dict) -> dict | None:
         shard = torch.cuda.device_count() > 1 and st.checkbox("Shard over every GPU (device_map='auto')")
         trust = cfg.allow_trust_remote_code and st.checkbox(
             "Trust remote code", help="Runs Python shipped with a hub model. Only for models you trust.")
-        if not st.form_submit_button("Load model", type="primary", disabled=_ui.busy()):
+        if not st.form_submit_button("Load model", type="primary", key="model_load", disabled=_ui.busy()):
             return None
     source = BUNDLED_MODEL if kind == BUNDLED else where.strip()
     if not source:

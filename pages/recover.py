@@ -20,14 +20,14 @@ def settings_form(cfg) -> dict | None:
         st.markdown("**Calibration text**")
         text = _ui.text_source_inputs(cfg, "bundled:news", "calib")
         cols = st.columns(4)
-        n_seqs = cols[0].number_input("Sequences", 1, 4096, 16, help="windows the operators are fitted on")
-        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64)
-        heldout = cols[2].number_input("Held-out sequences", 0, 1024, 4,
+        n_seqs = cols[0].number_input("Sequences", 1, 4096, 16, key="calib_n", help="windows the operators are fitted on")
+        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="calib_len")
+        heldout = cols[2].number_input("Held-out sequences", 0, 1024, 4, key="calib_heldout",
                                        help="extra windows never fitted: the held-out errors")
-        seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, help="which windows are drawn")
+        seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, key="calib_seed", help="which windows are drawn")
         if cfg.max_calib_tokens:
             st.caption(f"This deployment allows at most {cfg.max_calib_tokens:,} calibration tokens.")
-        methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
+        methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable, key="calib_methods",
                                  default=[m for m in DEFAULT_METHODS if m in fittable])
         mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True,
                         help="independent: every gap fitted on the dense model (paper); sequential: "
@@ -36,7 +36,7 @@ def settings_form(cfg) -> dict | None:
             batch = st.number_input("Batch size (windows per forward pass)", 1, 256, 4)
             granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True,
                                    help="one per contiguous block, or one per removed layer")
-        st.form_submit_button("Calibrate and fit", type="primary", disabled=_ui.busy(),
+        st.form_submit_button("Calibrate and fit", type="primary", key="calibrate_run", disabled=_ui.busy(),
                               on_click=_ui.start_job, args=("calibrate",))
     return dict(text=text, n_seqs=int(n_seqs), seq_len=int(seq_len), heldout=int(heldout), seed=int(seed),
                 methods=list(methods), mode=mode, batch=int(batch), granularity=granularity)
@@ -45,6 +45,7 @@ def settings_form(cfg) -> dict | None:
 def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
     """Windows, statistics and every method's operator; plain frames for display."""
     cfg = _ui.deployment()
+    _ui.check_selection(lm.model, layers)
     cfg.check_calibration(form["n_seqs"], form["seq_len"], form["heldout"])
     source = form["text"]()
     started = time.perf_counter()
@@ -68,10 +69,6 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
             "seconds": time.perf_counter() - started}
 
 
-def _no_layers():
-    raise ValueError("Choose at least one layer to drop (Influence page) before calibrating.")
-
-
 def summary(stored: dict) -> None:
     """What the last run fitted, how well, and how long it took."""
     run, proto = stored["run"], stored["protocol"]
@@ -93,7 +90,7 @@ else:
     st.page_link("pages/influence.py", label="Choose layers", icon=":material/insights:")
 form = settings_form(_ui.deployment())
 result = _ui.run_job("calibrate", "Calibrating and fitting",
-                     lambda progress: calibrate(lm, layers, form, progress) if layers else _no_layers())
+                     lambda progress: calibrate(lm, layers, form, progress))
 if result:
     st.session_state[_ui.RUN] = result
     for key in (_ui.EVAL, _ui.GENERATIONS):

@@ -33,6 +33,8 @@ def add_parser(sub) -> None:
     g.add_argument("--n-values", default="all",
                    help="block sizes n, e.g. '7,11' or '5-9'; 'all' = 1..L-1. Recoverability stores 8·d² "
                         "bytes per boundary pair it needs (all n on SmolLM2: 1.3 GB; n = 7,11: 0.2 GB)")
+    g.add_argument("--recoverability-n", default="",
+                   help="block sizes for recoverability only, e.g. '7,11' (default: the same as --n-values)")
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve (recoverability)")
     g.add_argument("--candidate-windows", type=int, default=8,
                    help="calibration windows for ppl_single and sleb (0 = all)")
@@ -72,7 +74,9 @@ def handle(args) -> int:
 
     lm = load_from_args(args)
     n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
+    rec_n = parse_layers(args.recoverability_n) if args.recoverability_n.strip() else None
     cfg = InfluenceConfig(metrics=parse_metrics(args.metrics, args.heldout_seqs > 0), n_values=n_values,
+                          recoverability_n_values=rec_n,
                           batch_size=args.batch_size, eps=args.eps,
                           candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
                           max_gram_gib=args.max_gram_gib)

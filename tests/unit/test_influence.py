@@ -139,7 +139,10 @@ def test_recoverability_equals_the_ghost_fit_error_of_recover(model):
     assert report.matrix("recoverability").loc[3, 2] == pytest.approx(want, rel=1e-6)
 
 
-def test_boundary_L_is_before_the_final_norm(model, report):
+def test_boundary_L_is_before_the_final_norm():
+    model = tiny_model("llama", layers=6)
+    with torch.no_grad():  # a norm weight that is not all ones, so norming changes cosines
+        get_path(model, spec_for(model).stack).norm.weight.uniform_(0.2, 3.0)
     ids = padded_windows().input_ids[:2]  # unpadded sequences
     pre = pre_norm_states(model, ids)
     with torch.no_grad():
@@ -181,11 +184,22 @@ def test_restricting_n_values_keeps_the_values_and_the_memory_small(model, repor
     assert few.meta["gram_bytes"] < report.meta["gram_bytes"]
 
 
+def test_recoverability_can_have_its_own_block_sizes(model, report):
+    cfg = InfluenceConfig(metrics=["streamline_cosine", "recoverability"], recoverability_n_values=[2], batch_size=2)
+    mixed = influence(model, padded_windows(), cfg, show_tqdm=False)
+    assert sorted(set(mixed.blocks[mixed.blocks.metric == "streamline_cosine"].n)) == [1, 2, 3, 4, 5]
+    rec = mixed.blocks[mixed.blocks.metric == "recoverability"]
+    assert sorted(set(rec.n)) == [2] and mixed.meta["recoverability_n_values"] == [2]
+    pd.testing.assert_series_equal(rec.set_index("start").value,
+                                   report.matrix("recoverability")[2].dropna().rename("value"), rtol=1e-9,
+                                   check_index_type=False)
+
+
 def test_gram_memory_is_fixed_by_the_blocks_not_the_tokens():
     blocks = [(s, s + n) for n in (7, 11) for s in range(31 - n)]
     assert gram_bytes(blocks, 576) == 75 * 8 * 576 * 576  # 24 + 20 cross pairs, 31 diagonal
     every = [(s, s + n) for n in range(1, 30) for s in range(31 - n)]
-    assert gram_bytes(every, 576) == 496 * 8 * 576 * 576  # the whole upper triangle, ~1.3 GB
+    assert gram_bytes(every, 576) == 495 * 8 * 576 * 576  # upper triangle but (0, L): ~1.3 GB
     sums = GramSums([(0, 2), (1, 2)], 3, 4, torch.device("cpu"))
     before = sums.nbytes
     for _ in range(3):
@@ -246,7 +260,7 @@ def taylor_direct(model, ids: torch.Tensor) -> list[float]:
     twin.requires_grad_(True)
     logits = twin(input_ids=ids, use_cache=False).logits  # (B, T, V)
     F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
-    return [sum(float((p * p.grad).abs().sum()) for name, p in layer.named_parameters() if name.endswith("weight"))
+    return [sum(float((p.detach() * p.grad).abs().sum()) for name, p in layer.named_parameters() if name.endswith("weight"))
             for layer in layers_of(twin)]
 
 

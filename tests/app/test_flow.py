@@ -1,0 +1,111 @@
+"""The whole flow in one session: load, choose a block, calibrate, fit, compare, export, learn.
+
+Small settings keep it cheap on a shared CPU: 4 x 64 calibration tokens (+2 held-out windows),
+1024 evaluation tokens. The numbers are not meaningful at this size; the wiring is what is tested.
+"""
+
+import json
+
+import pytest
+
+from tests.app.conftest import calibrate, errors, figures, no_exception, open_page
+
+METHODS = ["ghost", "replaceme-ls"]
+LAYERS = [20, 21, 22, 23]
+
+
+@pytest.fixture(scope="module")
+def flow():
+    """One session taken through the whole flow (module-scoped: it is the expensive part)."""
+    import streamlit as st
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.conftest import ROOT, TIMEOUT
+
+    st.cache_resource.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    at.button(key="model_load").click().run()  # the bundled model, as a first-time user would
+    open_page(at, "influence")
+    at.multiselect(key="influence_layers").set_value(LAYERS).run()
+    calibrate(at, at.session_state["ghosted.selection"], METHODS)
+    open_page(at, "compare")
+    at.number_input(key="eval_tokens").set_value(1024)
+    at.number_input(key="eval_window").set_value(256)
+    at.button(key="evaluate_run").click().run()
+    return at
+
+
+def test_selection_reaches_other_pages(flow):
+    assert flow.session_state["ghosted.selection"] == LAYERS
+    open_page(flow, "recover")
+    assert any("20-23 (4 of 30 layers" in i.value for i in flow.info)
+    open_page(flow, "compare")
+
+
+def test_calibration_kept_across_pages(flow):
+    stored = flow.session_state["ghosted.run"]
+    assert stored["methods"] == ["none", *METHODS]
+    assert set(stored["run"].results) == {"none", *METHODS}
+    assert stored["protocol"]["n_windows"] == 4 and stored["heldout_protocol"]["n_windows"] == 2
+
+
+def test_perplexity_table(flow):
+    no_exception(flow)
+    assert not errors(flow)
+    table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
+    assert list(table.index) == ["dense", "pruned", *METHODS]
+    assert (table.perplexity > 1).all()
+    assert table.perplexity["dense"] < table.perplexity["pruned"]  # four layers gone always cost something
+    assert table["scored tokens"].nunique() == 1
+    assert table.loc["pruned", "parameters (M)"] < table.loc["dense", "parameters (M)"]
+    shown = flow.dataframe[0].value
+    assert list(shown.variant) == list(table.index)
+
+
+def test_perplexity_figure_matches_table(flow):
+    table = flow.session_state["ghosted.eval"]["table"]
+    bars = figures(flow)[0]
+    assert bars["data"][0]["type"] == "bar"
+    assert bars["data"][0]["x"] == list(table.variant)
+    assert bars["data"][0]["y"] == pytest.approx(list(table.perplexity))
+    assert bars["layout"]["yaxis"]["type"] == "log"
+
+
+def test_spectra_and_errors_figures(flow):
+    figs = figures(flow)
+    removed = next(f for f in figs if "removed" in f["layout"]["title"]["text"])
+    assert {t["name"] for t in removed["data"]} == {"fit", "heldout"}
+    assert removed["data"][0]["x"] == METHODS
+    spectra = next(f for f in figs if "Singular values" in f["layout"]["title"]["text"])
+    assert [t["name"] for t in spectra["data"]] == ["pruned", *METHODS]
+    assert spectra["layout"]["yaxis"]["type"] == "log"
+    assert all(len(t["y"]) == 576 for t in spectra["data"])
+
+
+def test_generations_side_by_side(flow):
+    flow.text_area(key="prompts").set_value("The capital of France is")
+    flow.number_input(key="new_tokens").set_value(4)
+    flow.button(key="generate_run").click().run()
+    no_exception(flow)
+    shown = flow.session_state["ghosted.generations"]
+    assert list(shown["outputs"]) == ["dense", "pruned", *METHODS]
+    assert all(len(texts) == 1 for texts in shown["outputs"].values())
+
+
+def test_export_downloads(flow):
+    open_page(flow, "export")
+    no_exception(flow)
+    labels = [b.proto.label for b in flow.get("download_button")]
+    assert "Download the model (zip)" in labels and "Recipe (JSON)" in labels
+    recipe = json.loads(flow.json[0].proto.body)  # the recipe shown under "Recipe contents"
+    assert recipe["dropped_layers"] == LAYERS and recipe["methods"] == ["none", *METHODS]
+    assert recipe["calibration"]["n_windows"] == 4 and "transformers" in recipe["versions"]
+    assert "--drop 20-23" in recipe["command"]
+
+
+def test_learn_uses_the_run(flow):
+    open_page(flow, "learn")
+    no_exception(flow)
+    text = " ".join(m.value for m in flow.markdown)
+    assert "20-23" in text and "perplexity goes from" in text
+    assert len(figures(flow)) >= 2

@@ -1,0 +1,59 @@
+"""Model sources: local folder, .gguf file, hub id offline, bad paths; devices and dtypes."""
+
+import pytest
+import torch
+
+from ghosted.assets import bundled_gguf_path
+from ghosted.loading import ModelLoadError, load_model, resolve_device, resolve_dtype, source_kind
+from tests.tiny import tiny_model
+
+
+def test_load_local_folder(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(96)} | {"[UNK]": 95}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="w2").save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path), dtype="float32")
+    assert lm.kind == "folder" and lm.tokenizer.pad_token == "w2"
+    ids = torch.tensor([[3, 4, 5]])
+    torch.testing.assert_close(lm.model(ids).logits, model(ids).logits)
+    half = load_model(str(tmp_path), dtype="bfloat16")
+    assert next(half.model.parameters()).dtype == torch.bfloat16
+
+
+def test_gguf_file_is_converted_once_and_cached(bundled):
+    path = bundled_gguf_path()
+    assert source_kind(str(path)) == "gguf"
+    lm = load_model(str(path))
+    assert lm.extra["location"] == bundled.extra["location"]  # same sha256, same cached folder
+    assert lm.load_seconds < 60
+
+
+def test_hub_id_offline_says_how_to_use_a_local_folder(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="local-dir"):
+        load_model("some-org/some-model-that-is-not-cached")
+
+
+def test_bad_paths_get_clear_errors(tmp_path):
+    with pytest.raises(ModelLoadError, match="No such model folder"):
+        source_kind("./does/not/exist")
+    text = tmp_path / "notes.txt"
+    text.write_text("hi")
+    with pytest.raises(ModelLoadError, match="not a .gguf"):
+        source_kind(str(text))
+
+
+def test_device_and_dtype_resolution():
+    assert resolve_device("auto") in ("cpu", "cuda", "mps")
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype("auto", "cuda") == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="Unknown dtype"):
+        resolve_dtype("float8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+            resolve_device("cuda")

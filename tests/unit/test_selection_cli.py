@@ -1,0 +1,64 @@
+"""``python -m ghosted influence`` and ``python -m ghosted run --select`` on the bundled model.
+
+Token counts are tiny (a few hundred tokens): these check wiring, files and agreement with the
+library, not the quality of any criterion.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from ghosted.cli import main
+from ghosted.influence import CRITERIA, InfluenceConfig, influence
+from ghosted.pipeline import split_calibration
+from ghosted.selection import select
+from ghosted.text import calibration_windows
+
+pytestmark = pytest.mark.slow
+TEXT = ["--calib-seqs", "2", "--seq-len", "48", "--heldout-seqs", "1"]
+
+
+def test_influence_cli_writes_every_single_pass_criterion(tmp_path, capsys):
+    out = tmp_path / "influence"
+    assert main(["influence", *TEXT, "--n-values", "1,29", "--out-dir", str(out)]) == 0
+    blocks, layers = pd.read_csv(out / "blocks.csv"), pd.read_csv(out / "layers.csv")
+    block_metrics = {m for m, c in CRITERIA.items() if c.kind == "block"}
+    assert set(blocks.metric) == block_metrics
+    assert sorted(set(blocks.n)) == [1, 29]
+    assert len(blocks[(blocks.metric == "streamline_cosine") & (blocks.n == 29)]) == 2  # starts 0 and 1
+    assert set(layers.metric) == {"block_influence", "seqcos_shortgpt"} and len(layers) == 60
+    report = json.loads((out / "influence.json").read_text())
+    assert report["meta"]["tokens"] == 2 * 48 and report["meta"]["heldout_tokens"] == 48
+    chosen = pd.read_csv(out / "selections.csv")
+    assert {"metric", "n", "layers", "reason"} <= set(chosen.columns)
+    printed = capsys.readouterr().out
+    assert "recoverability" in printed and "block_influence" in printed
+
+
+def test_influence_cli_rejects_unknown_criteria(tmp_path, capsys):
+    assert main(["influence", *TEXT, "--metrics", "bogus", "--out-dir", str(tmp_path)]) == 2
+    assert "Unknown criterion" in capsys.readouterr().err
+
+
+def test_run_select_records_the_choice_and_why(bundled, tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert main(["run", *TEXT, "--select", "block_influence", "--n", "3", "--methods", "none",
+                 "--eval-tokens", "64", "--eval-seq-len", "32", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    calib = calibration_windows(bundled.tokenizer, "bundled:news", 3, 48, 0)
+    fit, held = split_calibration(calib, 1)
+    direct = influence(bundled.model, fit, InfluenceConfig(metrics=["block_influence"], n_values=[3]),
+                       heldout=held, show_tqdm=False)
+    layers, reason = select(direct, "block_influence", 3)
+    assert report["dropped"] == layers and report["selection"]["layers"] == layers
+    assert report["selection"]["reason"] == reason and report["config"]["select"] == "block_influence"
+    assert "selected by block_influence" in capsys.readouterr().out
+
+
+def test_run_refuses_drop_and_select_together(tmp_path, capsys):
+    assert main(["run", *TEXT, "--select", "recoverability", "--n", "3", "--drop", "3-5",
+                 "--methods", "none", "--eval-tokens", "64", "--eval-seq-len", "32"]) == 2
+    assert "either" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""Shared-prefix evaluation gives exactly the numbers of evaluating each variant on its own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ghosted.arch import embedding_of, layers_of
+from ghosted.evaluate import perplexity
+from ghosted.recover import BRANCH_METHODS, METHODS, recover
+from ghosted.shared_eval import SuffixView, perplexities, shared_prefix_length
+from ghosted.text import TokenWindows
+from tests.tiny import FAMILIES, random_ids, tiny_model
+
+
+def windows(n: int, length: int, seed: int) -> TokenWindows:
+    ids = random_ids(n, length, seed)  # (n, length)
+    return TokenWindows(ids, torch.ones_like(ids), {"source": "random", "seq_len": length})
+
+
+def variants(model, drop: str, calib, heldout) -> dict:
+    """dense plus every recovery method that applies to ``drop`` (ReplaceMe needs a layer before it)."""
+    starts_at_zero = drop.split(",")[0].split("-")[0] == "0"
+    methods = [m for m in METHODS if not (starts_at_zero and m in BRANCH_METHODS)]
+    run = recover(model, drop, methods, calib, heldout, show_tqdm=False)
+    return {"dense": model, **{name: r.model for name, r in run.results.items()}}
+
+
+def assert_same_as_alone(models: dict, evaluation, batch_size: int = 2) -> None:
+    shared = perplexities(models, evaluation, batch_size=batch_size, show_tqdm=False)
+    assert list(shared) == list(models)
+    for name, model in models.items():
+        alone = perplexity(model, evaluation, batch_size=batch_size, show_tqdm=False)
+        assert shared[name].scored_tokens == alone.scored_tokens, name
+        assert math.isclose(shared[name].nll, alone.nll, rel_tol=1e-9, abs_tol=1e-12), (
+            name, shared[name].nll, alone.nll)
+        assert shared[name].protocol == alone.protocol, name
+
+
+# (drop, expected split): contiguous, a single layer, non-contiguous, and blocks starting at layer 0
+DROPS = [("2-3", 1), ("4", 3), ("2,4", 1), ("1,3", 0), ("0-1", 0), ("0,3", 0)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("drop,split", DROPS)
+def test_tiny_matches_separate_evaluation(family, drop, split):
+    model = tiny_model(family, layers=6)
+    if family == "opt" and drop[0] != "0":
+        pytest.skip("ReplaceMe statistics on OPT's flattened fc2 output are not supported by calibrate")
+    models = variants(model, drop, windows(6, 16, 0), windows(2, 16, 5))
+    assert shared_prefix_length(list(models.values())) == split
+    assert_same_as_alone(models, windows(5, 16, 1))
+
+
+def test_opt_without_replaceme_matches():
+    model = tiny_model("opt", layers=6)
+    run = recover(model, "3-4", ["none", "ghost", "linearpatch-rotate"], windows(6, 16, 0), show_tqdm=False)
+    models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
+    assert shared_prefix_length(list(models.values())) == 2
+    assert_same_as_alone(models, windows(3, 16, 1))
+
+
+def test_padding_masks_and_uneven_last_batch():
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "3-4", ["none", "ghost", "replaceme-ls"], windows(6, 16, 0), show_tqdm=False)
+    models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
+    ev = windows(5, 16, 2)
+    ev.attention_mask[1, 11:] = 0  # right padding is not scored
+    assert_same_as_alone(models, ev, batch_size=3)
+
+
+def test_split_point_by_layer_identity():
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "3-4", ["none", "ghost", "replaceme-ls"], windows(6, 16, 0), show_tqdm=False)
+    res = run.results
+    assert shared_prefix_length([model, res["none"].model]) == 3  # plain pruning keeps layers 0-2
+    assert shared_prefix_length([model, res["ghost"].model]) == 2  # layer 2 carries the operator
+    assert shared_prefix_length([model, res["replaceme-ls"].model]) == 2  # layer 2's down_proj is folded
+    assert shared_prefix_length([model]) == 0
+    assert shared_prefix_length([model, tiny_model("llama", layers=6, seed=1)]) == 0  # other weights
+
+
+def test_suffix_view_runs_its_own_pre_hook_after_the_injection():
+    """A drop at layer 0 puts ghost's operator in a pre-hook of layer 0: it must act on the cached stream."""
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "0-1", ["none", "ghost"], windows(6, 16, 0), show_tqdm=False)
+    ghost, pruned = run.results["ghost"].model, run.results["none"].model
+    ids = random_ids(2, 16, 3)
+    embedded = embedding_of(model)(ids)  # (B, T, d): the stream entering layer 0 of every variant
+    with torch.no_grad():
+        expected = ghost(input_ids=ids, use_cache=False).logits
+        unpatched = pruned(input_ids=ids, use_cache=False).logits
+    got = SuffixView(ghost, 0).logits(embedded, ids, None)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert not torch.allclose(got, unpatched)  # the operator really ran
+
+
+def test_suffix_view_uses_the_cached_stream():
+    model = tiny_model("llama", layers=6)
+    ids = random_ids(2, 16, 3)
+    view = SuffixView(model, 2)
+    zeros = torch.zeros(2, 16, 32)
+    with torch.no_grad():
+        dense = model(input_ids=ids, use_cache=False).logits
+    assert not torch.allclose(view.logits(zeros, ids, None), dense)
+    with pytest.raises(RuntimeError, match="outside feeding"):
+        with torch.no_grad():
+            view.view(input_ids=ids, use_cache=False)
+
+
+def test_models_are_not_mutated():
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0), show_tqdm=False)
+    models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
+    before = [(len(layer._forward_pre_hooks), len(layer._forward_hooks)) for m in models.values()
+              for layer in layers_of(m)]
+    ev = windows(3, 16, 1)
+    first = perplexities(models, ev, show_tqdm=False)
+    after = [(len(layer._forward_pre_hooks), len(layer._forward_hooks)) for m in models.values()
+             for layer in layers_of(m)]
+    assert before == after
+    again = perplexities(models, ev, show_tqdm=False)
+    assert {k: v.nll for k, v in first.items()} == {k: v.nll for k, v in again.items()}
+
+
+def test_share_false_and_progress():
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0), show_tqdm=False)
+    models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
+    ev = windows(5, 16, 1)
+    calls = []
+    shared = perplexities(models, ev, batch_size=2, progress=lambda d, t: calls.append((d, t)), show_tqdm=False)
+    assert calls[-1] == (3, 3)  # one call per batch of windows, for all models at once
+    plain = perplexities(models, ev, batch_size=2, share=False, show_tqdm=False)
+    assert {k: v.nll for k, v in shared.items()} == pytest.approx({k: v.nll for k, v in plain.items()}, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drop", ["20-23", "5,9", "0-1"])
+def test_bundled_matches_separate_evaluation(bundled, drop):
+    from ghosted.pipeline import split_calibration
+    from ghosted.text import calibration_windows, evaluation_windows
+
+    fit, held = split_calibration(calibration_windows(bundled.tokenizer, "bundled:news", 5, 48, 0), 1)
+    methods = ["none", "ghost", "linearpatch-rotate"] + ([] if drop.startswith("0") else ["replaceme-ls"])
+    run = recover(bundled.model, drop, methods, fit, held, show_tqdm=False)
+    models = {"dense": bundled.model, **{name: r.model for name, r in run.results.items()}}
+    expected_split = {"20-23": 19, "5,9": 4, "0-1": 0}[drop]
+    assert shared_prefix_length(list(models.values())) == expected_split
+    assert_same_as_alone(models, evaluation_windows(bundled.tokenizer, "bundled:wiki", 96, 48))
