@@ -5,7 +5,7 @@ The functions a notebook needs, in the order one uses them::
     import ghosted
     lm = ghosted.load()                                   # bundled SmolLM2-135M-Instruct
     calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)   # calibration windows
-    report = ghosted.influence(lm, calib, n_values=[7])   # layer-selection criteria
+    report = ghosted.influence(lm, calib, n_values=[7])     # layer-selection criteria
     drop, why = ghosted.select(report, "recoverability", 7)
     run = ghosted.fit(lm, drop, calib, methods=["ghost"])   # one recovered model per method
     ghosted.evaluate(run.results["ghost"].model, lm)      # perplexity, with its protocol
@@ -29,14 +29,20 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 
+def _is_loaded(obj) -> bool:
+    from ghosted.loading import LoadedModel
+
+    return isinstance(obj, LoadedModel)
+
+
 def _model_of(obj):
     """The nn.Module inside a ``LoadedModel`` (or the object itself)."""
-    return getattr(obj, "model", obj) if hasattr(obj, "tokenizer") else obj
+    return obj.model if _is_loaded(obj) else obj
 
 
 def _tokenizer_of(obj):
     """The tokenizer of a ``LoadedModel`` (or the object itself)."""
-    return obj.tokenizer if hasattr(obj, "tokenizer") and hasattr(obj, "model") else obj
+    return obj.tokenizer if _is_loaded(obj) else obj
 
 
 def load(source: str | None = None, **options):
@@ -78,14 +84,18 @@ def _calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_le
 def _influence(model, windows, heldout=None, **config):
     """Layer-selection criteria of ``model`` on ``windows`` as an ``InfluenceReport``.
 
-    ``config`` are fields of ``ghosted.influence.InfluenceConfig`` (metrics, n_values, ...).
+    ``config`` are fields of ``ghosted.influence.InfluenceConfig`` (metrics, n_values, ...). By
+    default every criterion of one forward pass is computed; without ``heldout`` windows the
+    held-out ones are left out.
 
     Example:
         >>> report = ghosted.influence(lm, calib, n_values=[7])
         >>> report.matrix("recoverability")                      # start × n, lower is better
     """
     module = importlib.import_module("ghosted.influence")
-    cfg = module.InfluenceConfig(**config) if config else None
+    if heldout is None and "metrics" not in config:
+        config["metrics"] = [m for m in module.SINGLE_PASS if module.CRITERIA[m].cost != "heldout"]
+    cfg = module.InfluenceConfig(**config)
     return module.influence(_model_of(model), windows, cfg, heldout=heldout, show_tqdm=False)
 
 
@@ -186,9 +196,11 @@ def _generate(model, tokenizer, prompts, **overrides):
     return continue_prompts(_model_of(model), _tokenizer_of(tokenizer), prompts, **overrides)
 
 
-def save(model, path, tokenizer=None, recipe=None):
+def save(model, path, tokenizer=None, recipe=None, **save_options):
     """Save a recovered model as a Hugging Face folder plus operators and ``ghosted_recipe.json``.
 
+    ``tokenizer`` may be the ``LoadedModel`` (its source is recorded), ``recipe`` the
+    ``RecoveryRun``; ``save_options`` go to ``save_pretrained`` (e.g. ``max_shard_size="5GB"``).
     See ``ghosted.export.save_recovered``; ``ghosted.load(path)`` brings it back.
 
     Example:
@@ -196,16 +208,16 @@ def save(model, path, tokenizer=None, recipe=None):
     """
     from ghosted.export import save_recovered
 
-    return save_recovered(_model_of(model), path, tokenizer, recipe)
+    return save_recovered(_model_of(model), path, tokenizer, recipe, **save_options)
 
 
-def save_recovered(model, path, tokenizer=None, recipe=None):
+def save_recovered(model, path, tokenizer=None, recipe=None, **save_options):
     """Same as ``save``: ``ghosted.export.save_recovered``.
 
     Example:
         >>> ghosted.save_recovered(model, "out", lm, recipe=run)
     """
-    return save(model, path, tokenizer, recipe)
+    return save(model, path, tokenizer, recipe, **save_options)
 
 
 def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):

@@ -41,7 +41,8 @@ _KINDS = {StreamOperator: "stream", BranchOperator: "branch"}
 
 
 # --------------------------------------------------------------------------------------- saving
-def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=None) -> Path:
+def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=None,
+                   **save_options) -> Path:
     """Write ``model`` (a recovered or plain pruned model) to the folder ``path``; return it.
 
     Args:
@@ -51,6 +52,8 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
             model's source and revision are recorded too).
         recipe: the ``RecoveryRun`` that produced ``model`` (its settings, dropped layers and
             calibration protocol go into the recipe), or a dict of extra recipe fields, or None.
+        save_options: passed to ``save_pretrained``, e.g. ``max_shard_size="5GB"`` (an offloaded
+            model is gathered shard by shard in CPU memory).
 
     Example:
         >>> run = recover(lm.model, "20-26", ["ghost"], calib)
@@ -61,7 +64,7 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
     out.mkdir(parents=True, exist_ok=True)
     entries, tensors = _operator_entries(model)
     state = {k: v for k, v in model.state_dict().items() if not _is_ghosted_key(k)}
-    model.save_pretrained(out, state_dict=state)
+    model.save_pretrained(out, state_dict=state, **save_options)
     tok = getattr(tokenizer, "tokenizer", tokenizer)
     if tok is not None:
         tok.save_pretrained(out)
@@ -205,11 +208,8 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
     else:  # saved without a tokenizer: the model alone
         lm = _load_without_tokenizer(folder, device, dtype, device_map, **options)
     recipe = read_recipe(folder)
-    attach_saved_operators(lm.model, folder)
-    if recipe.get("kept_layers"):
-        lm.model.ghosted_layers = list(recipe["kept_layers"])
-    lm.kind = "recovered"
-    lm.extra["recipe"] = recipe
+    n_ops = attach_saved_operators(lm.model, folder)
+    lm.extra.update(recipe=recipe, operators=n_ops)  # kind stays "folder": a local model folder
     lm.load_seconds = time.perf_counter() - started
     return lm
 

@@ -83,6 +83,7 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in [
 SINGLE_PASS = [name for name, c in CRITERIA.items() if c.cost in ("pass", "heldout")]
 _SIMILARITY_BLOCKS = {"streamline_cosine": "cosine", "angular_all": "angular",
                       "angular_last": "angular_last", "seqcos_streamline": "sequence_cosine"}
+_RECOVERABILITY = {"recoverability", "recoverability_heldout"}
 
 
 @dataclass
@@ -203,20 +204,15 @@ def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, 
 
 def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_values, seconds, progress,
                           show_tqdm) -> tuple[list, list, dict]:
+    """Block and layer rows of every requested one-pass criterion, and what the pass saw."""
     total, dim = num_layers(model), hidden_size(model)
     wanted = set(cfg.metrics)
     rec_n = n_values if cfg.recoverability_n_values is None else resolve_n_values(cfg.recoverability_n_values, total)
-    blocks = block_list(rec_n, total) if wanted & {"recoverability", "recoverability_heldout"} else []
-    needed = gram_bytes(blocks, dim)
-    if needed > cfg.max_gram_gib * 2**30:
-        raise ValueError(f"Recoverability for n in {rec_n} needs {needed / 2**30:.1f} GiB of float64 "
-                         f"Gram blocks (8·d² bytes per boundary pair), over max_gram_gib="
-                         f"{cfg.max_gram_gib}. Restrict n_values or recoverability_n_values (e.g. [7, 11]) "
-                         f"or raise the limit.")
-    similar = bool(wanted - {"recoverability", "recoverability_heldout"})
+    blocks = block_list(rec_n, total) if wanted & _RECOVERABILITY else []
+    _check_gram_budget(blocks, dim, rec_n, cfg.max_gram_gib)
     clock = time.perf_counter()
-    sims, grams = _stream(model, windows, total, dim, blocks, similar, cfg.batch_size, "calibration pass",
-                          progress, show_tqdm)
+    sims, grams = _stream(model, windows, total, dim, blocks, bool(wanted - _RECOVERABILITY), cfg.batch_size,
+                          "calibration pass", progress, show_tqdm)
     seconds["single_pass"] = round(time.perf_counter() - clock, 3)
     held_grams = None
     if "recoverability_heldout" in wanted:
@@ -224,17 +220,7 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
         _, held_grams = _stream(model, heldout, total, dim, blocks, False, cfg.batch_size, "held-out pass",
                                 progress, show_tqdm)
         seconds["heldout_pass"] = round(time.perf_counter() - clock, 3)
-    block_rows, layer_rows = [], []
-    if sims is not None:
-        means = {k: v.cpu() for k, v in sims.means().items()}  # (K, K) each
-        for metric, key in _SIMILARITY_BLOCKS.items():
-            if metric in wanted:
-                block_rows += [(metric, s, e - s, e, float(means[key][s, e]))
-                               for n in n_values for s, e in block_list([n], total)]
-        if "block_influence" in wanted:
-            layer_rows += [("block_influence", i, 1.0 - float(means["cosine"][i, i + 1])) for i in range(total)]
-        if "seqcos_shortgpt" in wanted:
-            layer_rows += [("seqcos_shortgpt", i, float(means["sequence_cosine"][i, i + 1])) for i in range(total)]
+    block_rows, layer_rows = _similarity_rows(sims, wanted, n_values, total) if sims else ([], [])
     if grams is not None:
         clock = time.perf_counter()
         scores = recoverability(grams, held_grams, blocks, eps=cfg.eps, solver=cfg.solver)
@@ -242,16 +228,39 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
         for column, metric in enumerate(("recoverability", "recoverability_heldout")):
             if metric in wanted:
                 block_rows += [(metric, s, e - s, e, v[column]) for (s, e), v in scores.items()]
-    info = {"tokens": sims.tokens if sims else grams.tokens, "sequences": sims.sequences if sims else None,
-            "gram_bytes": needed, "heldout_tokens": held_grams.tokens if held_grams else None,
+    info = {"tokens": (sims or grams).tokens, "sequences": sims.sequences if sims else None,
+            "gram_bytes": gram_bytes(blocks, dim), "heldout_tokens": held_grams.tokens if held_grams else None,
             "recoverability_n_values": rec_n if blocks else []}
     return block_rows, layer_rows, info
+
+
+def _check_gram_budget(blocks, dim: int, rec_n: list[int], max_gib: float) -> None:
+    needed = gram_bytes(blocks, dim)
+    if needed > max_gib * 2**30:
+        raise ValueError(f"Recoverability for n in {rec_n} needs {needed / 2**30:.1f} GiB of float64 "
+                         f"Gram blocks (8·d² bytes per boundary pair), over max_gram_gib={max_gib}. Restrict "
+                         f"n_values or recoverability_n_values (e.g. [7, 11]) or raise the limit.")
+
+
+def _similarity_rows(sims: SimilaritySums, wanted: set[str], n_values, total: int) -> tuple[list, list]:
+    """Block rows (metric, start, n, end, value) and layer rows (metric, layer, value) from the sums."""
+    means = {k: v.cpu() for k, v in sims.means().items()}  # (K, K) each
+    block_rows, layer_rows = [], []
+    for metric, key in _SIMILARITY_BLOCKS.items():
+        if metric in wanted:
+            block_rows += [(metric, s, e - s, e, float(means[key][s, e])) for s, e in block_list(n_values, total)]
+    if "block_influence" in wanted:
+        layer_rows += [("block_influence", i, 1.0 - float(means["cosine"][i, i + 1])) for i in range(total)]
+    if "seqcos_shortgpt" in wanted:
+        layer_rows += [("seqcos_shortgpt", i, float(means["sequence_cosine"][i, i + 1])) for i in range(total)]
+    return block_rows, layer_rows
 
 
 def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_size: int, label: str,
             progress, show_tqdm) -> tuple[SimilaritySums | None, GramSums | None]:
     """One pass capturing boundaries 0..L; adds every batch to the similarity and Gram sums."""
-    ids, mask = windows.input_ids, windows.attention_mask
+    ids = windows.input_ids
+    mask = windows.attention_mask if windows.attention_mask is not None else torch.ones_like(ids)
     steps = -(-ids.shape[0] // batch_size)
     sims = grams = None
     with tap(model, boundaries=range(total + 1)) as handle:

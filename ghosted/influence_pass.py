@@ -163,8 +163,8 @@ def recoverability(fit: GramSums, heldout: GramSums | None, blocks: list[tuple[i
     Error = ‖X·M − Δ‖²/‖Δ‖² with (XᵀX + εI)·M = XᵀΔ, the operator ``recover`` fits; the held-out
     error applies that M to the held-out tokens (NaN without held-out sums). Blocks sharing a start
     share one Cholesky factor of XᵀX + εI, and the fit error needs no further product:
-    ‖XM − Δ‖² = tr(ΔᵀΔ) − tr(MᵀXᵀΔ) − ε‖M‖². ``solver="pinv"`` (or a matrix that is not positive
-    definite) falls back to ``ghost_operator`` block by block.
+    ‖XM − Δ‖² = tr(ΔᵀΔ) − tr(MᵀXᵀΔ) − ε‖M‖². ``solver="pinv"`` (or a matrix that is not
+    positive definite) falls back to ``ghost_operator`` block by block.
     """
     scores = {}
     for start, ends in _ends_by_start(blocks).items():

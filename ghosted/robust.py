@@ -17,7 +17,7 @@ from ghosted import solve
 from ghosted.sinks import SinkMap, fit_sink_map
 from ghosted.stats import BoundaryStats
 
-RIDGE_GRID = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # × mean eigenvalue of the non-sink XᵀX
+RIDGE_GRID = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # × mean eigenvalue of the non-sink XᵀX
 
 
 @dataclass

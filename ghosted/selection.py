@@ -105,8 +105,9 @@ def _select_block(report: InfluenceReport, metric: str, n: int) -> tuple[list[in
     runner = (f"; next best [{int(ranked.iloc[1].start)}, {int(ranked.iloc[1].end)}) at "
               f"{ranked.iloc[1].value:.4g}") if len(ranked) > 1 else ""
     reason = (f"{metric} ({CRITERIA[metric].origin}): block [{start}, {start + n}) = layers "
-              f"{format_layers(layers)} has the {word} value {best.value:.4g} among {_count(len(ranked), 'allowed block')}"
-              f" of {_count(n, 'layer')}{runner}. Value: {CRITERIA[metric].label}.{_caveat(report, metric)}")
+              f"{format_layers(layers)} has the {word} value {best.value:.4g} among "
+              f"{_count(len(ranked), 'allowed block')} of {_count(n, 'layer')}{runner}. "
+              f"Value: {CRITERIA[metric].label}.{_caveat(report, metric)}")
     return layers, reason
 
 

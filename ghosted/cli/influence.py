@@ -31,10 +31,12 @@ def add_parser(sub) -> None:
                         + "; ".join(f"{k}: {v}" for k, v in GROUPS.items())
                         + ". Criteria: " + ", ".join(CRITERIA))
     g.add_argument("--n-values", default="all",
-                   help="block sizes n, e.g. '7,11' or '5-9'; 'all' = 1..L-1. Recoverability stores 8·d² "
-                        "bytes per boundary pair it needs (all n on SmolLM2: 1.3 GB; n = 7,11: 0.2 GB)")
-    g.add_argument("--recoverability-n", default="",
-                   help="block sizes for recoverability only, e.g. '7,11' (default: the same as --n-values)")
+                   help="block sizes n of the block criteria, e.g. '7,11' or '5-9'; 'all' = 1..L-1")
+    g.add_argument("--recoverability-n", default="auto",
+                   help="block sizes for recoverability: a list, 'all' (= --n-values), or 'auto': --n-values "
+                        "when given, else about 22%% and 34%% of the layers (7/32, 11/32). It stores 8·d² "
+                        "float64 bytes per boundary pair it needs (SmolLM2, every n: 1.3 GB and ~6x the "
+                        "Gram work of n = 7,11)")
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve (recoverability)")
     g.add_argument("--candidate-windows", type=int, default=8,
                    help="calibration windows for ppl_single and sleb (0 = all)")
@@ -66,6 +68,7 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 
 def handle(args) -> int:
+    from ghosted.arch import num_layers
     from ghosted.influence import InfluenceConfig, influence
     from ghosted.pipeline import split_calibration
     from ghosted.prune import parse_layers
@@ -74,7 +77,7 @@ def handle(args) -> int:
 
     lm = load_from_args(args)
     n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
-    rec_n = parse_layers(args.recoverability_n) if args.recoverability_n.strip() else None
+    rec_n = _recoverability_n(args.recoverability_n.strip(), n_values, num_layers(lm.model))
     cfg = InfluenceConfig(metrics=parse_metrics(args.metrics, args.heldout_seqs > 0), n_values=n_values,
                           recoverability_n_values=rec_n,
                           batch_size=args.batch_size, eps=args.eps,
@@ -93,6 +96,15 @@ def handle(args) -> int:
     for path in [*paths, paths[0].parent / "selections.csv"]:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _recoverability_n(text: str, n_values: list[int] | None, total: int) -> list[int] | None:
+    """Block sizes for recoverability from --recoverability-n (None: the same as --n-values)."""
+    from ghosted.prune import parse_layers
+
+    if text == "all" or (text == "auto" and n_values):
+        return None
+    return _typical_n(total) if text in ("auto", "") else parse_layers(text)
 
 
 def _typical_n(total: int) -> list[int]:

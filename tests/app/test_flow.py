@@ -39,7 +39,6 @@ def test_selection_reaches_other_pages(flow):
     assert flow.session_state["ghosted.selection"] == LAYERS
     open_page(flow, "recover")
     assert any("20-23 (4 of 30 layers" in i.value for i in flow.info)
-    open_page(flow, "compare")
 
 
 def test_calibration_kept_across_pages(flow):
@@ -50,6 +49,7 @@ def test_calibration_kept_across_pages(flow):
 
 
 def test_perplexity_table(flow):
+    open_page(flow, "compare")
     no_exception(flow)
     assert not errors(flow)
     table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
@@ -63,6 +63,7 @@ def test_perplexity_table(flow):
 
 
 def test_perplexity_figure_matches_table(flow):
+    open_page(flow, "compare")
     table = flow.session_state["ghosted.eval"]["table"]
     bars = figures(flow)[0]
     assert bars["data"][0]["type"] == "bar"
@@ -72,6 +73,7 @@ def test_perplexity_figure_matches_table(flow):
 
 
 def test_spectra_and_errors_figures(flow):
+    open_page(flow, "compare")
     figs = figures(flow)
     removed = next(f for f in figs if "removed" in f["layout"]["title"]["text"])
     assert {t["name"] for t in removed["data"]} == {"fit", "heldout"}
@@ -83,6 +85,7 @@ def test_spectra_and_errors_figures(flow):
 
 
 def test_generations_side_by_side(flow):
+    open_page(flow, "compare")
     flow.text_area(key="prompts").set_value("The capital of France is")
     flow.number_input(key="new_tokens").set_value(4)
     flow.button(key="generate_run").click().run()

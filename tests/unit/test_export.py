@@ -130,7 +130,8 @@ def test_recipe_records_how_the_model_was_made(tmp_path):
     assert recipe["checkpoint"] == "needs-ghosted"
     loaded = load_recovered(folder, device="cpu")
     assert loaded.extra["recipe"]["dropped_spec"] == "3-4"
-    assert loaded.model.ghosted_layers == [0, 1, 2, 5]  # further pruning keeps original indices
+    assert loaded.extra["operators"] == 1
+    assert loaded.extra["recipe"]["kept_layers"] == [0, 1, 2, 5]  # original index of each layer
 
 
 def test_recipe_without_a_run_is_inferred_and_extra_fields_override(tmp_path):

@@ -260,7 +260,8 @@ def taylor_direct(model, ids: torch.Tensor) -> list[float]:
     twin.requires_grad_(True)
     logits = twin(input_ids=ids, use_cache=False).logits  # (B, T, V)
     F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).backward()
-    return [sum(float((p.detach() * p.grad).abs().sum()) for name, p in layer.named_parameters() if name.endswith("weight"))
+    return [sum(float((p.detach() * p.grad).abs().sum())
+                for name, p in layer.named_parameters() if name.endswith("weight"))
             for layer in layers_of(twin)]
 
 

@@ -12,15 +12,16 @@ import pandas as pd
 import pytest
 
 from ghosted.cli import main
+from ghosted.cli.influence import _recoverability_n, parse_metrics
 from ghosted.influence import CRITERIA, InfluenceConfig, influence
 from ghosted.pipeline import split_calibration
 from ghosted.selection import select
 from ghosted.text import calibration_windows
 
-pytestmark = pytest.mark.slow
 TEXT = ["--calib-seqs", "2", "--seq-len", "48", "--heldout-seqs", "1"]
 
 
+@pytest.mark.slow
 def test_influence_cli_writes_every_single_pass_criterion(tmp_path, capsys):
     out = tmp_path / "influence"
     assert main(["influence", *TEXT, "--n-values", "1,29", "--out-dir", str(out)]) == 0
@@ -38,11 +39,13 @@ def test_influence_cli_writes_every_single_pass_criterion(tmp_path, capsys):
     assert "recoverability" in printed and "block_influence" in printed
 
 
+@pytest.mark.slow
 def test_influence_cli_rejects_unknown_criteria(tmp_path, capsys):
     assert main(["influence", *TEXT, "--metrics", "bogus", "--out-dir", str(tmp_path)]) == 2
     assert "Unknown criterion" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_run_select_records_the_choice_and_why(bundled, tmp_path, capsys):
     out = tmp_path / "run.json"
     assert main(["run", *TEXT, "--select", "block_influence", "--n", "3", "--methods", "none",
@@ -58,7 +61,23 @@ def test_run_select_records_the_choice_and_why(bundled, tmp_path, capsys):
     assert "selected by block_influence" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_run_refuses_drop_and_select_together(tmp_path, capsys):
     assert main(["run", *TEXT, "--select", "recoverability", "--n", "3", "--drop", "3-5",
                  "--methods", "none", "--eval-tokens", "64", "--eval-seq-len", "32"]) == 2
     assert "either" in capsys.readouterr().err
+
+
+def test_recoverability_block_sizes_default_to_the_paper_ratios():
+    assert _recoverability_n("auto", None, 30) == [7, 10]  # 7/32 and 11/32 of 30 layers
+    assert _recoverability_n("auto", None, 32) == [7, 11]
+    assert _recoverability_n("auto", [3, 4], 30) is None  # follows explicit --n-values
+    assert _recoverability_n("all", None, 30) is None
+    assert _recoverability_n("5-6", None, 30) == [5, 6]
+
+
+def test_metric_groups_expand():
+    assert "recoverability_heldout" in parse_metrics("single", with_heldout=True)
+    assert "recoverability_heldout" not in parse_metrics("single", with_heldout=False)
+    assert parse_metrics("all", True) == list(CRITERIA)
+    assert parse_metrics("sleb,taylor,sleb", True) == ["sleb", "taylor"]

@@ -1,0 +1,103 @@
+"""A real browser against a real server: ``streamlit run app.py`` on a free loopback port, driven by
+Debian's chromium through pytest-playwright (never ``playwright install``: it downloads browsers)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import expect
+
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+RUN_TIMEOUT_MS = 15 * 60 * 1000  # a calibration or evaluation on a busy shared CPU
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str, server: subprocess.Popen, limit_s: float = 120) -> None:
+    """Poll /_stcore/health until it answers ok (or the server dies)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"streamlit exited with code {server.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                if reply.read().decode().strip() == "ok":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"streamlit did not become healthy at {url}")
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_FLAGS}
+
+
+@pytest.fixture(scope="session")
+def app_url():
+    """The app served headless by a subprocess for the whole session."""
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    port = _free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("GHOSTED_DEMO", None)
+    env.pop("GHOSTED_DEPLOY", None)
+    cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
+           f"--server.port={port}", "--server.address=127.0.0.1", "--browser.gatherUsageStats=false",
+           "--server.fileWatcherType=none"]
+    server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, server)
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+@pytest.fixture(scope="module")
+def app_page(browser, app_url):
+    """One browser tab kept for a whole module (the flow's state lives in the session)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 2400})
+    page = context.new_page()
+    page.set_default_timeout(RUN_TIMEOUT_MS)
+    expect.set_options(timeout=RUN_TIMEOUT_MS)
+    page.goto(app_url)
+    wait_idle(page)
+    yield page
+    context.close()
+
+
+def wait_idle(page) -> None:
+    """Wait until the connected app has finished its script run."""
+    page.wait_for_selector("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
+                           "[data-test-script-state='notRunning']")
+
+
+def screenshot(page, name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
