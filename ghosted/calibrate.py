@@ -88,18 +88,21 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
         >>> stats[Gap(12, 19)].xtx.shape     # (576, 576), float64
     """
     cfg = config or CalibrationConfig()
-    n = num_layers(model)
+    y_index = _index_map(model)
     for gap in gaps:
-        if not 0 <= gap.start < gap.end <= n:
-            raise ValueError(f"Gap {gap} is outside this model's layers 0..{n - 1}.")
+        if gap.end not in y_index or gap.start >= gap.end:
+            raise ValueError(f"Gap {gap} does not fit this model's layers {sorted(y_index)[:-1]}.")
     dim = hidden_size(model)
     use_mlp = cfg.replaceme
     accumulators: dict[Gap, BoundaryAccumulator] = {}
     x_source = x_model if x_model is not None else model
     index = _index_map(x_source)
+    missing = [g for g in gaps if g.start not in index or (use_mlp and g.start > 0 and g.start - 1 not in index)]
+    if missing:
+        raise ValueError(f"Gaps {missing} need layers this model no longer has.")
     x_bounds = sorted({index[g.start] for g in gaps})
     mlp_layers = sorted({index[g.start - 1] for g in gaps if use_mlp and g.start > 0})
-    y_bounds = sorted({g.end for g in gaps})
+    y_bounds = sorted({y_index[g.end] for g in gaps})
     total = -(-windows.input_ids.size(0) // cfg.batch_size)
     bar = tqdm(total=total, desc="calibration", unit="batch", disable=not show_tqdm, leave=False)
     sequential = x_model is not None
@@ -112,7 +115,7 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
             got_y = y_tap.run(ids, mask) if sequential else got_x
             for gap in gaps:
                 x = got_x.resid[index[gap.start]]  # (B, T, d)
-                y = got_y.resid[gap.end]  # (B, T, d)
+                y = got_y.resid[y_index[gap.end]]  # (B, T, d)
                 m = got_x.mlp.get(index[gap.start - 1]) if use_mlp and gap.start > 0 else None
                 if gap not in accumulators:
                     accumulators[gap] = BoundaryAccumulator(

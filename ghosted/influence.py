@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from ghosted import influence_removal as removal
 from ghosted.arch import hidden_size, num_layers
 from ghosted.capture import tap
-from ghosted.influence_pass import GramSums, SimilaritySums, gram_bytes, recoverability, stack_boundaries
+from ghosted.influence_pass import (GramSums, SimilaritySums, TokenWeightedSums, gram_bytes, recoverability,
+                                    stack_boundaries)
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -63,6 +64,10 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in [
     Criterion("recoverability", "block", "lowest", "pass",
               "ghost boundary error ‖X·M − Δ‖²/‖Δ‖² left after the ghost operator, on the calibration "
               "tokens (X = input of start, Δ = input of start+n − X)", "Ghosted"),
+    Criterion("recoverability_token", "block", "lowest", "pass",
+              "mean over tokens of ‖x_t·M − δ_t‖²/‖y_t‖² after the ghost operator M (y = input of "
+              "start+n): every token counts equally, so attention-sink tokens whose huge Δ dominates "
+              "‖Δ‖² cannot make a block look recoverable", "Ghosted"),
     Criterion("recoverability_heldout", "block", "lowest", "heldout",
               "ghost boundary error ‖X·M − Δ‖²/‖Δ‖² on held-out windows, M fitted on the calibration "
               "tokens", "Ghosted"),
@@ -83,7 +88,7 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in [
 SINGLE_PASS = [name for name, c in CRITERIA.items() if c.cost in ("pass", "heldout")]
 _SIMILARITY_BLOCKS = {"streamline_cosine": "cosine", "angular_all": "angular",
                       "angular_last": "angular_last", "seqcos_streamline": "sequence_cosine"}
-_RECOVERABILITY = {"recoverability", "recoverability_heldout"}
+_RECOVERABILITY = {"recoverability", "recoverability_heldout", "recoverability_token"}
 
 
 @dataclass
@@ -209,33 +214,34 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
     wanted = set(cfg.metrics)
     rec_n = n_values if cfg.recoverability_n_values is None else resolve_n_values(cfg.recoverability_n_values, total)
     blocks = block_list(rec_n, total) if wanted & _RECOVERABILITY else []
-    _check_gram_budget(blocks, dim, rec_n, cfg.max_gram_gib)
+    weighted = "recoverability_token" in wanted
+    needed = gram_bytes(blocks, dim) + (TokenWeightedSums.bytes_for(blocks, dim) if weighted else 0)
+    _check_gram_budget(needed, rec_n, cfg.max_gram_gib)
     clock = time.perf_counter()
-    sims, grams = _stream(model, windows, total, dim, blocks, bool(wanted - _RECOVERABILITY), cfg.batch_size,
-                          "calibration pass", progress, show_tqdm)
+    sims, grams, token_sums = _stream(model, windows, total, dim, blocks, bool(wanted - _RECOVERABILITY),
+                                      cfg.batch_size, "calibration pass", progress, show_tqdm, weighted)
     seconds["single_pass"] = round(time.perf_counter() - clock, 3)
     held_grams = None
     if "recoverability_heldout" in wanted:
         clock = time.perf_counter()
-        _, held_grams = _stream(model, heldout, total, dim, blocks, False, cfg.batch_size, "held-out pass",
-                                progress, show_tqdm)
+        _, held_grams, _ = _stream(model, heldout, total, dim, blocks, False, cfg.batch_size, "held-out pass",
+                                   progress, show_tqdm)
         seconds["heldout_pass"] = round(time.perf_counter() - clock, 3)
     block_rows, layer_rows = _similarity_rows(sims, wanted, n_values, total) if sims else ([], [])
     if grams is not None:
         clock = time.perf_counter()
-        scores = recoverability(grams, held_grams, blocks, eps=cfg.eps, solver=cfg.solver)
+        scores = recoverability(grams, held_grams, blocks, eps=cfg.eps, solver=cfg.solver, weighted=token_sums)
         seconds["recoverability_solve"] = round(time.perf_counter() - clock, 3)
-        for column, metric in enumerate(("recoverability", "recoverability_heldout")):
+        for metric in ("recoverability", "recoverability_heldout", "recoverability_token"):
             if metric in wanted:
-                block_rows += [(metric, s, e - s, e, v[column]) for (s, e), v in scores.items()]
+                block_rows += [(metric, s, e - s, e, v[metric]) for (s, e), v in scores.items()]
     info = {"tokens": (sims or grams).tokens, "sequences": sims.sequences if sims else None,
-            "gram_bytes": gram_bytes(blocks, dim), "heldout_tokens": held_grams.tokens if held_grams else None,
+            "gram_bytes": needed, "heldout_tokens": held_grams.tokens if held_grams else None,
             "recoverability_n_values": rec_n if blocks else []}
     return block_rows, layer_rows, info
 
 
-def _check_gram_budget(blocks, dim: int, rec_n: list[int], max_gib: float) -> None:
-    needed = gram_bytes(blocks, dim)
+def _check_gram_budget(needed: int, rec_n: list[int], max_gib: float) -> None:
     if needed > max_gib * 2**30:
         raise ValueError(f"Recoverability for n in {rec_n} needs {needed / 2**30:.1f} GiB of float64 "
                          f"Gram blocks (8·d² bytes per boundary pair), over max_gram_gib={max_gib}. Restrict "
@@ -257,12 +263,13 @@ def _similarity_rows(sims: SimilaritySums, wanted: set[str], n_values, total: in
 
 
 def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_size: int, label: str,
-            progress, show_tqdm) -> tuple[SimilaritySums | None, GramSums | None]:
+            progress, show_tqdm, weighted: bool = False
+            ) -> tuple[SimilaritySums | None, GramSums | None, TokenWeightedSums | None]:
     """One pass capturing boundaries 0..L; adds every batch to the similarity and Gram sums."""
     ids = windows.input_ids
     mask = windows.attention_mask if windows.attention_mask is not None else torch.ones_like(ids)
     steps = -(-ids.shape[0] // batch_size)
-    sims = grams = None
+    sims = grams = token_sums = None
     with tap(model, boundaries=range(total + 1)) as handle:
         for step, start in enumerate(tqdm(range(0, ids.shape[0], batch_size), desc=label, unit="batch",
                                           disable=not show_tqdm, leave=False)):
@@ -276,9 +283,12 @@ def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_s
             if blocks:
                 grams = grams or GramSums(blocks, total + 1, dim, device)
                 grams.add(stack, valid)
+            if blocks and weighted:
+                token_sums = token_sums or TokenWeightedSums(blocks, dim, device)
+                token_sums.add(stack, valid)
             if progress:
                 progress(label, step + 1, steps)
-    return sims, grams
+    return sims, grams, token_sums
 
 
 def _model_criteria(model, windows, cfg: InfluenceConfig, n_values, seconds, meta, progress) -> list:

@@ -8,10 +8,11 @@ last layer's output *before* the final norm). Only valid (non-padding) tokens co
   last valid token of each sequence;
 - the sequence-axis cosine of the paper's official code: ``torch.cosine_similarity(a, b)`` on (B, T, d)
   uses dim=1, so it is a cosine along the *sequence* per channel, averaged over channels;
-- float64 Gram blocks h_iᵀh_j for the boundary pairs the requested blocks need (recoverability).
+- float64 Gram blocks h_iᵀh_j for the boundary pairs the requested blocks need (recoverability), and
+  per block the same moments with each token weighted by 1/‖y_t‖² (token-normalised recoverability).
 
-Memory never grows with the number of tokens: the similarity sums are K×K, and the Gram blocks take
-8·d²·P bytes for P stored pairs (``gram_bytes``).
+Memory never grows with the number of tokens: the similarity sums are K×K, the Gram blocks take
+8·d²·P bytes for P stored pairs (``gram_bytes``), the weighted moments 3·8·d² bytes per block.
 """
 
 from __future__ import annotations
@@ -156,12 +157,49 @@ class GramSums:
         return sum(s.numel() * s.element_size() for s in self.sums.values())
 
 
-def recoverability(fit: GramSums, heldout: GramSums | None, blocks: list[tuple[int, int]],
-                   eps: float = 1e-6, solver: str = "solve") -> dict[tuple[int, int], tuple[float, float]]:
-    """(start, end) -> (fit error, held-out error) of the ghost operator fitted on ``fit``.
+class TokenWeightedSums:
+    """Per block (start, end): Σ_t w_t·[x_tᵀx_t, x_tᵀy_t, y_tᵀy_t], w_t = 1/‖y_t‖², x = h_start, y = h_end.
 
-    Error = ‖X·M − Δ‖²/‖Δ‖² with (XᵀX + εI)·M = XᵀΔ, the operator ``recover`` fits; the held-out
-    error applies that M to the held-out tokens (NaN without held-out sums). Blocks sharing a start
+    With these, Σ_t ‖x_t·M − δ_t‖²/‖y_t‖² is a quadratic form in M: every token counts equally, as in
+    the cosine criteria, so a few tokens with huge Δ (attention sinks) cannot dominate the score.
+    """
+
+    def __init__(self, blocks: list[tuple[int, int]], dim: int, device: torch.device):
+        self.sums = {block: torch.zeros(3, dim, dim, dtype=torch.float64, device=device) for block in blocks}
+        self.tokens = 0
+
+    def add(self, stack: torch.Tensor, valid: torch.Tensor) -> None:
+        """Add a batch: ``stack`` (B, T, K, d) float64, ``valid`` (B, T) bool."""
+        rows = stack[valid]  # (N, K, d)
+        for (start, end), sums in self.sums.items():
+            x, y = rows[:, start], rows[:, end]  # (N, d)
+            weight = 1.0 / (y * y).sum(-1, keepdim=True).clamp_min(_NORM_FLOOR**2)  # (N, 1)
+            sums[0].addmm_((x * weight).T, x)  # (d, d) Σ w xᵀx
+            sums[1].addmm_((x * weight).T, y)  # (d, d) Σ w xᵀy
+            sums[2].addmm_((y * weight).T, y)  # (d, d) Σ w yᵀy
+        self.tokens += rows.shape[0]
+
+    def mean_error(self, block: tuple[int, int], correction: torch.Tensor) -> float:
+        """mean_t ‖x_t·M − δ_t‖²/‖y_t‖² for a correction M (d, d), δ = y − x."""
+        xx, xy, yy = self.sums[block]  # (d, d) each
+        xd = xy - xx  # (d, d) Σ w xᵀδ
+        dd = yy - xy - xy.T + xx  # (d, d) Σ w δᵀδ
+        total = (correction * (xx @ correction)).sum() - 2 * (correction * xd).sum() + torch.trace(dd)
+        return max(float(total), 0.0) / max(self.tokens, 1)
+
+    @staticmethod
+    def bytes_for(blocks: list[tuple[int, int]], dim: int) -> int:
+        return 3 * 8 * dim * dim * len(blocks)
+
+
+def recoverability(fit: GramSums, heldout: GramSums | None, blocks: list[tuple[int, int]],
+                   eps: float = 1e-6, solver: str = "solve", weighted: TokenWeightedSums | None = None
+                   ) -> dict[tuple[int, int], dict[str, float]]:
+    """(start, end) -> errors of the ghost operator M fitted on ``fit``, keyed by criterion name.
+
+    "recoverability": ‖X·M − Δ‖²/‖Δ‖² with (XᵀX + εI)·M = XᵀΔ, the operator ``recover`` fits;
+    "recoverability_heldout": the same M on held-out tokens (only with ``heldout``);
+    "recoverability_token": mean_t ‖x_t·M − δ_t‖²/‖y_t‖² (only with ``weighted``). Blocks sharing a start
     share one Cholesky factor of XᵀX + εI, and the fit error needs no further product:
     ‖XM − Δ‖² = tr(ΔᵀΔ) − tr(MᵀXᵀΔ) − ε‖M‖². ``solver="pinv"`` (or a matrix that is not
     positive definite) falls back to ``ghost_operator`` block by block.
@@ -172,8 +210,13 @@ def recoverability(fit: GramSums, heldout: GramSums | None, blocks: list[tuple[i
         for end, correction in zip(ends, corrections):
             stats = fit.boundary_stats(start, end)
             held = None if heldout is None else heldout.boundary_stats(start, end)
-            fit_error = _ridge_fit_error(stats, correction, eps) if factored else _error(stats, correction)
-            scores[(start, end)] = (fit_error, math.nan if held is None else _error(held, correction))
+            errors = {"recoverability": _ridge_fit_error(stats, correction, eps) if factored
+                      else _error(stats, correction)}
+            if held is not None:
+                errors["recoverability_heldout"] = _error(held, correction)
+            if weighted is not None:
+                errors["recoverability_token"] = weighted.mean_error((start, end), correction)
+            scores[(start, end)] = errors
     return scores
 
 

@@ -199,6 +199,8 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     """
     cfg = config or RecoveryConfig()
     total = num_layers(model)
+    model = build_variant(model, list(range(total)))  # a view whose layer indices are its positions
+    model.ghosted_layers = list(range(total))  # so a pruned input is treated as a new base model
     dropped = parse_layers(drop, total)
     if not dropped:
         raise ValueError("Choose at least one layer to drop.")

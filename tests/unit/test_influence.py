@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ghosted.arch import get_path, layers_of, spec_for, with_hidden
 from ghosted.calibrate import CalibrationConfig, Gap, collect_stats
 from ghosted.influence import CRITERIA, SINGLE_PASS, InfluenceConfig, InfluenceReport, influence
-from ghosted.influence_pass import GramSums, gram_bytes, last_valid_index
+from ghosted.influence_pass import GramSums, TokenWeightedSums, gram_bytes, last_valid_index, recoverability
 from ghosted.selection import select, selections
 from ghosted.solve import ghost_operator, relative_error, stream_error
 from ghosted.text import TokenWindows
@@ -72,16 +72,17 @@ def direct_similarities(states: list[list[torch.Tensor]], s: int, e: int) -> dic
             "seqcos_streamline": float(seqcos.mean())}
 
 
-def direct_recoverability(x: torch.Tensor, y: torch.Tensor, held: tuple | None = None) -> tuple[float, float]:
-    """‖XM − Δ‖²/‖Δ‖² from token rows, (XᵀX + εI)M = XᵀΔ; optionally on held-out rows (x, y)."""
+def direct_recoverability(x: torch.Tensor, y: torch.Tensor, held: tuple) -> tuple[float, float, float]:
+    """From token rows, with (XᵀX + εI)M = XᵀΔ: ‖XM − Δ‖²/‖Δ‖², the same on held-out rows (x, y),
+    and mean_t ‖x_t M − δ_t‖²/‖y_t‖²."""
     delta = y - x  # (N, d)
     eye = torch.eye(x.shape[1], dtype=x.dtype)
     m = torch.linalg.solve(x.T @ x + EPS * eye, x.T @ delta)  # (d, d)
-    fit = float(((x @ m - delta) ** 2).sum() / (delta**2).sum())
-    if held is None:
-        return fit, math.nan
+    residual = x @ m - delta  # (N, d)
+    fit = float((residual**2).sum() / (delta**2).sum())
+    token = float(((residual**2).sum(1) / (y**2).sum(1)).mean())
     hx, hy = held
-    return fit, float(((hx @ m - (hy - hx)) ** 2).sum() / ((hy - hx) ** 2).sum())
+    return fit, float(((hx @ m - (hy - hx)) ** 2).sum() / ((hy - hx) ** 2).sum()), token
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +117,8 @@ def test_layer_criteria_are_the_n1_blocks(model, report):
 
 def test_recoverability_matches_the_token_level_definition(model):
     fit, held = padded_windows(), windows_of(random_ids(2, 24, seed=9))
-    report = influence(model, fit, InfluenceConfig(metrics=["recoverability", "recoverability_heldout"]),
-                       heldout=held, show_tqdm=False)
+    metrics = ["recoverability", "recoverability_heldout", "recoverability_token"]
+    report = influence(model, fit, InfluenceConfig(metrics=metrics), heldout=held, show_tqdm=False)
     rows = per_sequence_states(model, fit)
     held_states = pre_norm_states(model, held.input_ids)
     for n in (1, 3, 5):
@@ -125,9 +126,30 @@ def test_recoverability_matches_the_token_level_definition(model):
             x = torch.cat([seq[s] for seq in rows])  # (N, d) valid tokens only
             y = torch.cat([seq[s + n] for seq in rows])  # (N, d)
             hx, hy = held_states[s].flatten(0, 1), held_states[s + n].flatten(0, 1)  # (N_h, d)
-            want_fit, want_held = direct_recoverability(x, y, (hx, hy))
+            want_fit, want_held, want_token = direct_recoverability(x, y, (hx, hy))
             assert report.matrix("recoverability").loc[s, n] == pytest.approx(want_fit, rel=1e-5, abs=1e-9)
             assert report.matrix("recoverability_heldout").loc[s, n] == pytest.approx(want_held, rel=1e-5)
+            assert report.matrix("recoverability_token").loc[s, n] == pytest.approx(want_token, rel=1e-5, abs=1e-9)
+
+
+def test_token_recoverability_is_not_fooled_by_one_huge_token():
+    """Δ = a big change on one token plus an unfittable change on the others: the ‖Δ‖²-weighted
+    score calls it recoverable, the token-normalised one does not."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 8, generator=gen, dtype=torch.float64)
+    y = x + 0.5 * torch.randn(400, 8, generator=gen, dtype=torch.float64)  # noise: no linear map fits it
+    x[:, 7] = y[:, 7] = 0.0
+    x[0], y[0] = torch.eye(8, dtype=torch.float64)[7], 200.0 * torch.eye(8, dtype=torch.float64)[7]  # the sink
+    stack = torch.stack([x, y], dim=1)[None]  # (1, N, 2, d)
+    valid = torch.ones(1, 400, dtype=torch.bool)
+    cpu = torch.device("cpu")
+    grams, weighted = GramSums([(0, 1)], 2, 8, cpu), TokenWeightedSums([(0, 1)], 8, cpu)
+    grams.add(stack, valid)
+    weighted.add(stack, valid)
+    errors = recoverability(grams, None, [(0, 1)], weighted=weighted)[(0, 1)]
+    _, _, want_token = direct_recoverability(x, y, (x, y))
+    assert errors["recoverability_token"] == pytest.approx(want_token, rel=1e-6)
+    assert errors["recoverability"] < 0.05 < 0.15 < errors["recoverability_token"]
 
 
 def test_recoverability_equals_the_ghost_fit_error_of_recover(model):

@@ -150,3 +150,20 @@ def test_sequential_mode_fits_on_the_patched_stream():
     first, second = Gap(2, 3), Gap(5, 6)
     torch.testing.assert_close(seq.operators[first], ind.operators[first])  # nothing upstream of it
     assert not torch.allclose(seq.operators[second], ind.operators[second])  # fitted on drifted inputs
+
+
+def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from ghosted.prune import prune
+
+    model = tiny_model("llama", layers=8)
+    pruned = prune(model, [0])
+    pruned.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    w = windows()
+    a = recover(pruned, "2-3", ["ghost"], w, show_tqdm=False).results["ghost"]
+    b = recover(reloaded, "2-3", ["ghost"], w, show_tqdm=False).results["ghost"]
+    torch.testing.assert_close(a.stats[Gap(2, 4)].xtx, b.stats[Gap(2, 4)].xtx)
+    ids = random_ids(2, 12, seed=7)
+    torch.testing.assert_close(a.model(ids).logits, b.model(ids).logits, rtol=1e-4, atol=1e-4)

@@ -43,20 +43,23 @@ def assert_same_as_alone(models: dict, evaluation, batch_size: int = 2) -> None:
 DROPS = [("2-3", 1), ("4", 3), ("2,4", 1), ("1,3", 0), ("0-1", 0), ("0,3", 0)]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("drop,split", DROPS)
-def test_tiny_matches_separate_evaluation(family, drop, split):
-    model = tiny_model(family, layers=6)
-    if family == "opt" and drop[0] != "0":
-        pytest.skip("ReplaceMe statistics on OPT's flattened fc2 output are not supported by calibrate")
-    models = variants(model, drop, windows(6, 16, 0), windows(2, 16, 5))
+CASES = [("llama", *d) for d in DROPS] + [  # sliding-window layer types, post-norm MLP branch, Conv1D
+    (family, *d) for family in ("qwen2", "gemma3", "gpt2") for d in (("2,4", 1), ("0-1", 0))]
+
+
+@pytest.mark.parametrize("family,drop,split", CASES)
+def test_tiny_every_method_matches_separate_evaluation(family, drop, split):
+    models = variants(tiny_model(family, layers=6), drop, windows(6, 16, 0), windows(2, 16, 5))
     assert shared_prefix_length(list(models.values())) == split
     assert_same_as_alone(models, windows(5, 16, 1))
 
 
-def test_opt_without_replaceme_matches():
-    model = tiny_model("opt", layers=6)
-    run = recover(model, "3-4", ["none", "ghost", "linearpatch-rotate"], windows(6, 16, 0), show_tqdm=False)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tiny_other_families_match(family):
+    # OPT's fc2 sees flattened (B*T, d) rows, which ReplaceMe's statistics do not take yet
+    methods = ["none", "ghost", "linearpatch-rotate"] + ([] if family == "opt" else ["replaceme-ls"])
+    model = tiny_model(family, layers=6)
+    run = recover(model, "3-4", methods, windows(6, 16, 0), show_tqdm=False)
     models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
     assert shared_prefix_length(list(models.values())) == 2
     assert_same_as_alone(models, windows(3, 16, 1))

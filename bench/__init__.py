@@ -1,0 +1,1 @@
+"""Benchmarks: each module is a script (``python -m bench.NAME``) writing its section of docs/BENCHMARKS.md."""
