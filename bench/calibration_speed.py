@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{args.seq_len} tokens, batch {args.batch_size}, median of {args.rounds} round-robin rounds.\n\n"
             + table(["contender", "seconds (median)", f"/ forward to layer {gap.end}", "/ whole model"], rows)
             + "\n\nReading: the first ratio is calibration's overhead over the forward pass it cannot avoid "
-              "(1.0 would be free statistics); the second is what it costs against one ordinary pass of "
-              "the whole model (below 1 because it stops after layer 26 and computes no logits).")
+              "(1.0 would be free statistics); the second compares it with one ordinary pass of the whole "
+              "model, which calibration never needs (it stops after layer 26 and computes no logits).")
     write_section("calibration_speed", "Calibration time against a forward pass",
                   "python -m bench.calibration_speed", body)
     print(body)

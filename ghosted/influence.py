@@ -63,7 +63,9 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in [
               "start and start+n; starts 1..L-n-1 only", "the paper's official code, Streamline rule"),
     Criterion("recoverability", "block", "lowest", "pass",
               "ghost boundary error ‖X·M − Δ‖²/‖Δ‖² left after the ghost operator, on the calibration "
-              "tokens (X = input of start, Δ = input of start+n − X)", "Ghosted"),
+              "tokens (X = input of start, Δ = input of start+n − X); tokens weigh by ‖δ_t‖², so a block "
+              "whose Δ is mostly a few attention-sink tokens looks recoverable: choose with "
+              "recoverability_token", "Ghosted"),
     Criterion("recoverability_token", "block", "lowest", "pass",
               "mean over tokens of ‖x_t·M − δ_t‖²/‖y_t‖² after the ghost operator M (y = input of "
               "start+n): every token counts equally, so attention-sink tokens whose huge Δ dominates "

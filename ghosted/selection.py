@@ -118,7 +118,8 @@ def _count(k: int, noun: str) -> str:
 def _caveat(report: InfluenceReport, metric: str) -> str:
     """A warning when the fit error is meaningless: fewer calibration tokens than hidden channels."""
     tokens, dim = report.meta.get("tokens"), report.meta.get("hidden_size")
-    if metric == "recoverability" and tokens is not None and dim is not None and tokens <= dim:
+    too_few = tokens is not None and dim is not None and tokens <= dim
+    if metric in ("recoverability", "recoverability_token") and too_few:
         return (f" Caution: only {tokens} calibration tokens for {dim} channels, so the ghost operator "
                 f"fits every block almost exactly; use more tokens or recoverability_heldout.")
     return ""

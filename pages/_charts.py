@@ -33,15 +33,15 @@ def heatmap(blocks: pd.DataFrame, metric: str, prune: str = "") -> go.Figure:
 
 
 def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: str = "") -> go.Figure:
-    """Per-layer criterion as bars (clickable); selected layers are highlighted."""
+    """Per-layer criterion as bars (clickable on the Influence page); selected layers in red."""
     rows = layers[layers.metric == metric].sort_values("layer")
     colors = ["#d62728" if int(i) in selected else "#6C4AB6" for i in rows.layer]
     fig = go.Figure(go.Bar(x=rows.layer.tolist(), y=rows.value.tolist(), marker_color=colors,
                            hovertemplate="layer %{x}: %{y:.4g}<extra></extra>"))
     values = rows.value.dropna()
     wide = len(values) and values.min() > 0 and values.max() / values.min() > 100
-    hint = f"{prune} values: drop first; " if prune else ""
-    fig.update_layout(title=f"{metric} per layer ({hint}click or shift-click bars; red = selected)",
+    hint = f" ({prune} values: drop first)" if prune else ""
+    fig.update_layout(title=f"{metric} per layer{hint}",
                       xaxis_title="layer", yaxis_title=metric, yaxis_type="log" if wide else "linear",
                       clickmode="event+select", **LAYOUT)
     return fig
@@ -94,8 +94,11 @@ def removed_table(errors: pd.DataFrame) -> pd.DataFrame:
 
 
 def error_table(errors: pd.DataFrame, run) -> pd.DataFrame:
-    """One row per fitted method: share of ‖Δ‖² removed (fit, held-out) and solve time."""
-    table = removed_table(errors).rename(columns={"fit": "removed (fit)", "heldout": "removed (held-out)"})
+    """One row per fitted method: % of ‖Δ‖² removed (fit, held-out) and solve time."""
+    table = removed_table(errors).rename(columns={"fit": "removed (fit) %", "heldout": "removed (held-out) %"})
+    for column in ("removed (fit) %", "removed (held-out) %"):
+        if column in table:
+            table[column] = (100 * table[column]).round(1)
     table["solve s"] = [round(run.results[m].solve_seconds, 3) for m in table.method]
     return table
 

@@ -106,7 +106,8 @@ def charts(report) -> None:
         prune = CRITERIA[metric].prune if metric in CRITERIA else ""
         right.plotly_chart(_charts.layer_bars(report.layers, metric, _ui.selection(), prune), key="influence_bars",
                            on_select=on_bar_click, selection_mode="points")
-        right.caption(CRITERIA[metric].label if metric in CRITERIA else metric)
+        right.caption((CRITERIA[metric].label if metric in CRITERIA else metric)
+                      + ". Click a bar to select its layer, shift-click to add more; red = selected.")
 
 
 def pickers(model, report) -> None:

@@ -4,6 +4,7 @@ import time
 
 import streamlit as st
 
+from ghosted.arch import hidden_size
 from ghosted.pipeline import RunConfig, split_calibration
 from ghosted.prune import format_layers
 from ghosted.recover import METHODS, recover
@@ -76,6 +77,13 @@ def summary(stored: dict) -> None:
     st.caption(f"Fitted on {proto['n_windows']} x {proto['seq_len']} tokens of {proto['source']} "
                f"({proto['part']} part, seed {proto.get('seed')}); {stored['seconds']:.1f} s in all.")
     st.dataframe(_charts.error_table(stored["frames"]["errors"], run), hide_index=True)
+    st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
+               "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")
+    tokens, width = proto["n_windows"] * proto["seq_len"], hidden_size(run.results["none"].model)
+    if tokens < 4 * width:
+        st.warning(f"Only {tokens:,} calibration tokens for a {width}-wide stream: the {width} x {width} "
+                   "operators overfit (good on the fitted windows, poor on held-out ones). Use at least "
+                   f"{4 * width:,} tokens, e.g. more sequences.", icon=":material/warning:")
     st.page_link("pages/compare.py", label="Next: compare perplexity, spectra and generations",
                  icon=":material/arrow_forward:")
 

@@ -21,6 +21,7 @@ CHROMIUM = shutil.which("chromium")
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 RUN_TIMEOUT_MS = 15 * 60 * 1000  # a calibration or evaluation on a busy shared CPU
+ACTION_TIMEOUT_MS = 60 * 1000  # a click or a fill
 
 
 def _free_port() -> int:
@@ -82,8 +83,8 @@ def app_page(browser, app_url):
     """One browser tab kept for a whole module (the flow's state lives in the session)."""
     context = browser.new_context(viewport={"width": 1280, "height": 2400})
     page = context.new_page()
-    page.set_default_timeout(RUN_TIMEOUT_MS)
-    expect.set_options(timeout=RUN_TIMEOUT_MS)
+    page.set_default_timeout(ACTION_TIMEOUT_MS)
+    expect.set_options(timeout=RUN_TIMEOUT_MS)  # expectations wait for a run's results
     page.goto(app_url)
     wait_idle(page)
     yield page
@@ -93,11 +94,21 @@ def app_page(browser, app_url):
 def wait_idle(page) -> None:
     """Wait until the connected app has finished its script run."""
     page.wait_for_selector("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
-                           "[data-test-script-state='notRunning']")
+                           "[data-test-script-state='notRunning']", timeout=RUN_TIMEOUT_MS)
 
 
 def screenshot(page, name: str) -> Path:
+    """Save docs/screenshots/<name>.png of the whole page.
+
+    Streamlit scrolls an inner container, so a full-page screenshot only holds the viewport: the
+    viewport is stretched to the content's height for the shot, then restored.
+    """
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
+    size = page.viewport_size
+    height = page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+    page.set_viewport_size({"width": size["width"], "height": min(max(size["height"], height + 40), 8000)})
+    page.evaluate("document.querySelector('[data-testid=\"stMain\"]').scrollTo(0, 0)")
     page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size(size)
     return path

@@ -49,7 +49,7 @@ def test_influence_click_and_preset(app_page):
     bars = page.locator(".st-key-influence_bars .trace.bars .point path")
     expect(bars).to_have_count(30)
     wait_idle(page)
-    bars.nth(24).click()  # a click on a bar selects that layer
+    bars.nth(24).click(force=True)  # Plotly's drag layer takes the click and selects the bar
     expect(sidebar(page)).to_contain_text("Layers to drop: 24 (1 of 30 layers")
     wait_idle(page)
     page.locator(".st-key-influence_preset").click()
