@@ -9,7 +9,7 @@ from ghosted.generate import GenerationConfig, generate
 from ghosted.text import evaluation_windows
 from pages import _charts, _ui
 
-LATENCY_TOKENS = 128  # tokens of the one window timed per variant
+LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
 PROMPTS = "The capital of France is\nIn 1905, Albert Einstein"
 
 
@@ -56,7 +56,7 @@ def evaluate(lm, stored: dict, form: dict, progress) -> dict:
         rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
                      "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
                      "memory (MB)": facts["memory_mb"],
-                     "latency (ms)": round(1e3 * forward_latency(model, windows.input_ids[:1, :LATENCY_TOKENS]), 1)})
+                     "latency (ms)": round(1e3 * forward_latency(model, windows.input_ids[:1, :LATENCY_TOKENS], repeats=2), 1)})
     protocol = dict(next(iter(results.values())).protocol)
     return {"model": stored["model"], "run_id": id(stored["run"]), "table": pd.DataFrame(rows),
             "protocol": protocol}
@@ -141,6 +141,6 @@ if evaluated and evaluated["run_id"] == id(stored["run"]):
     st.subheader("Size and speed")
     st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
                  hide_index=True)
-    st.caption(f"Latency: median of 3 forward passes over {LATENCY_TOKENS} tokens, on this machine now.")
+    st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, on this machine now.")
 show_boundary(stored)
 generations(lm, stored)

@@ -32,11 +32,12 @@ def recipe(lm, stored: dict, evaluated: dict | None) -> dict:
 
 def command(cfg) -> str:
     """The CLI call that repeats this run (for a text the CLI can read: bundled, file, dataset)."""
-    return (f"python -m ghosted run --model {cfg.model} --drop {cfg.drop} --methods {','.join(cfg.methods)} "
-            f"--calib {cfg.calib} --calib-seqs {cfg.calib_seqs} --seq-len {cfg.seq_len} "
-            f"--heldout-seqs {cfg.heldout_seqs} --seed {cfg.seed} --ghost-mode {cfg.ghost_mode} "
-            f"--granularity {cfg.granularity} --batch-size {cfg.batch_size} --eval {cfg.eval} "
-            f"--eval-tokens {cfg.eval_tokens} --eval-seq-len {cfg.eval_seq_len} --dtype {cfg.dtype}")
+    flags = {"model": cfg.model, "drop": cfg.drop, "methods": ",".join(cfg.methods), "calib": cfg.calib,
+             "calib-seqs": cfg.calib_seqs, "seq-len": cfg.seq_len, "heldout-seqs": cfg.heldout_seqs,
+             "seed": cfg.seed, "ghost-mode": cfg.ghost_mode, "granularity": cfg.granularity,
+             "batch-size": cfg.batch_size, "eval": cfg.eval, "eval-tokens": cfg.eval_tokens,
+             "eval-seq-len": cfg.eval_seq_len, "dtype": cfg.dtype}
+    return " \\\n  ".join(["python -m ghosted run", *(f"--{k} {v}" for k, v in flags.items())])
 
 
 def report(lm, stored: dict, evaluated: dict | None) -> dict:
@@ -68,7 +69,8 @@ def model_section(cfg, lm, stored: dict) -> None:
                 "(or use the recipe above with `python -m ghosted run`) to get the weights.")
         return
     run = stored["run"]
-    method = st.selectbox("Variant", list(run.results), format_func=_ui.label)
+    names = list(run.results)
+    method = st.selectbox("Variant", names, format_func=_ui.label, index=min(1, len(names) - 1))
     model = run.results[method].model
     st.download_button("Download the model (zip)", data=lambda: zipped(model, lm, run),
                        file_name=f"ghosted-{method}.zip", mime="application/zip", icon=":material/download:")

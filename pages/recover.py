@@ -21,7 +21,7 @@ def settings_form(cfg) -> dict | None:
         st.markdown("**Calibration text**")
         text = _ui.text_source_inputs(cfg, "bundled:news", "calib")
         cols = st.columns(4)
-        n_seqs = cols[0].number_input("Sequences", 1, 4096, 16, key="calib_n", help="windows the operators are fitted on")
+        n_seqs = cols[0].number_input("Sequences", 1, 4096, 32, key="calib_n", help="windows the operators are fitted on")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="calib_len")
         heldout = cols[2].number_input("Held-out sequences", 0, 1024, 4, key="calib_heldout",
                                        help="extra windows never fitted: the held-out errors")
