@@ -93,37 +93,46 @@ def vm_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status (Linux only)")
 
 
-def _peak_child(fn, args, conn) -> None:
-    Path("/proc/self/clear_refs").write_text("5")  # reset this process's peak RSS to its RSS now
+def measured(fn: Callable[[], object]) -> tuple[float, float, object]:
+    """(peak RSS growth in MiB, seconds, result) of ``fn()`` in this process (call it in a child).
+
+    Resets the process's peak-RSS mark, runs ``fn`` and reports how far resident memory rose above
+    where it was. Tensors come back as numpy arrays (they must cross a process boundary).
+    """
+    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := RSS now
     base = vm_kib("VmRSS")
     started = time.perf_counter()
-    result = fn(*args)
-    seconds, peak = time.perf_counter() - started, vm_kib("VmHWM") - base
-    if hasattr(result, "numpy"):  # tensors would travel as shared-memory handles that die with us
+    result = fn()
+    seconds, peak_kib = time.perf_counter() - started, vm_kib("VmHWM") - base
+    if hasattr(result, "numpy"):
         result = result.detach().cpu().numpy()
-    conn.send((peak, seconds, result))
+    return peak_kib / 1024, seconds, result
+
+
+def _child(job, args, conn) -> None:
+    ensure_path()
+    conn.send(job(*args))
     conn.close()
 
 
-def peak_in_child(fn: Callable, *args) -> tuple[float, float, object]:
-    """(peak RSS growth in MiB, seconds, result) of ``fn(*args)`` in a forked child.
+def in_child(job: Callable, *args, timeout: float = 3600):
+    """``job(*args)`` in a fresh (spawned) Python process; returns what it returns.
 
-    The child starts as a copy of this process (model already loaded), resets its peak-RSS mark,
-    runs ``fn`` and reports how far its resident memory rose above where it started. Each call is
-    a fresh process, so memory freed by an earlier measurement cannot hide a later one.
+    A fresh process per measurement means memory freed by an earlier one cannot hide a later one,
+    and nothing (thread pools, caches) leaks between contenders. ``job`` must be a module-level
+    function that loads what it needs and wraps the measured part in ``measured``.
     """
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_peak_child, args=(fn, args, child))
+    proc = ctx.Process(target=_child, args=(job, args, child))
     proc.start()
     child.close()
-    kib, seconds, result = parent.recv()
+    if not parent.poll(timeout):
+        proc.kill()
+        raise RuntimeError(f"benchmark child gave no answer in {timeout:.0f} s")
+    result = parent.recv()
     proc.join()
-    if type(result).__module__ == "numpy":
-        import torch
-
-        result = torch.from_numpy(result)
-    return kib / 1024, seconds, result
+    return result
 
 
 def write_section(name: str, title: str, command: str, body: str) -> None:
@@ -147,17 +156,23 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def load_bundled():
-    """The bundled model (float32 on CPU), loaded once per benchmark process and warmed up.
+def load_bundled(warm_up: bool = True):
+    """The bundled model (float32 on CPU), loaded once per benchmark process.
 
-    The warm-up pass faults every weight page in (safetensors maps the file lazily), so neither the
-    first timed contender nor a forked child's peak memory pays for reading the weights.
+    ``warm_up`` runs one short pass, which faults every weight page in (safetensors maps the file
+    lazily) so neither the first timed contender nor a peak-memory reading pays for reading them.
     """
-    import torch
-
     from ghosted.loading import load_model
 
     lm = load_model(device="cpu")
-    with torch.no_grad():
-        lm.model(input_ids=torch.ones(1, 8, dtype=torch.long), use_cache=False)
+    if warm_up:
+        warm(lm.model)
     return lm
+
+
+def warm(model) -> None:
+    """One forward pass over 8 tokens (pages the weights in, starts the thread pool)."""
+    import torch
+
+    with torch.no_grad():
+        model(input_ids=torch.ones(1, 8, dtype=torch.long), use_cache=False)

@@ -1,7 +1,7 @@
 """Peak memory of calibration against the calibration size (1x, 4x, 16x): it must stay flat.
 
-Each size runs in a forked child of a process that already holds the (warmed-up) model, which
-resets its peak-RSS mark and reports how far resident memory rose (``peak_in_child``). Contenders:
+Each (contender, size) runs in a fresh process that loads and warms up the model, then resets its
+peak-RSS mark and reports how far resident memory rose during calibration (``measured``). Contenders:
   * ``ghosted, ghost statistics``: float64 XᵀX, XᵀΔ only; nothing grows with the token count;
   * ``ghosted, all methods``: plus ReplaceMe's token reservoir for the cosine fit, a uniform sample
     of at most ``reservoir_tokens`` rows (16,384 by default: up to 2 x 16,384 x d float32), so it
@@ -24,20 +24,17 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, peak_in_child, table, write_section
+from bench._common import ensure_path, in_child, load_bundled, measured, table, write_section
 
 ensure_path()
 
 from bench.reference_official import official_ghost_operator  # noqa: E402
 from ghosted.calibrate import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.text import TokenWindows, calibration_windows  # noqa: E402
+from ghosted.text import calibration_windows  # noqa: E402
 
 GAP = Gap(20, 27)
 SIZES = (1, 4, 16)  # multiples of the base calibration size
-
-
-def first(windows: TokenWindows, count: int) -> TokenWindows:
-    return TokenWindows(windows.input_ids[:count], windows.attention_mask[:count], windows.protocol)
+CONTENDERS = ("ghosted, ghost statistics", "ghosted, all methods", "official approach")
 
 
 def contenders(model) -> dict:
@@ -51,22 +48,27 @@ def contenders(model) -> dict:
             "official approach": lambda w: official_ghost_operator(model, w, GAP.start, GAP.end) is None}
 
 
+def job(contender: str, n_windows: int, seq_len: int) -> float:
+    """In a fresh process: peak RSS growth (MiB) of one contender on the first ``n_windows`` windows."""
+    lm = load_bundled()
+    windows = calibration_windows(lm.tokenizer, "bundled:news", n_windows, seq_len, 0)
+    fn = contenders(lm.model)[contender]
+    return measured(lambda: fn(windows))[0]
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--windows", type=int, default=4, help="windows at size 1x (>= the batch size, 4)")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per window")
     args = p.parse_args(argv)
-    lm = load_bundled()
-    pool = calibration_windows(lm.tokenizer, "bundled:news", args.windows * max(SIZES), args.seq_len, 0)
     peaks: dict[str, dict[int, float]] = {}
-    for name, fn in contenders(lm.model).items():
-        for size in SIZES:  # one fresh child per (contender, size)
-            mib, _, _ = peak_in_child(fn, first(pool, args.windows * size))
-            peaks.setdefault(name, {})[size] = mib
+    for name in CONTENDERS:
+        for size in SIZES:
+            peaks.setdefault(name, {})[size] = in_child(job, name, args.windows * size, args.seq_len)
     rows = [[name, *(by_size[s] for s in SIZES), by_size[max(SIZES)] / by_size[1]] for name, by_size in peaks.items()]
     tokens = args.windows * args.seq_len
     body = (f"Bundled SmolLM2-135M, gap [20, 27), 1x = {args.windows} windows x {args.seq_len} tokens "
-            f"({tokens} tokens), batch 4; peak RSS growth in MiB, one fresh child process per cell.\n\n"
+            f"({tokens} tokens), batch 4; peak RSS growth in MiB, one fresh process per cell.\n\n"
             + table(["contender", *(f"{s}x ({s * tokens} tokens)" for s in SIZES), "16x / 1x"], rows)
             + "\n\nReading: a ratio of 1 is flat. Ghost statistics hold the activations of one batch plus "
               "d x d float64 sums, whatever the size. With all methods, ReplaceMe-cosine's reservoir adds "

@@ -5,8 +5,8 @@ Both fit the ghost operator of gap [20, 27) of the bundled model on the same win
     token of both boundaries stacked as float32 on the CPU, float64 solve;
   * ``ghosted, batch 1`` and ``ghosted, batch 4``: ``collect_stats`` (float64 XᵀX, XᵀΔ streamed, the
     pass stops after layer 26) + ``solve.ghost_operator`` (same ε = 1e-6, absolute).
-Each contender runs in a forked child per round (``peak_in_child``): seconds and peak RSS growth
-are read in the same child, contenders alternate round by round.
+Each contender runs in a fresh process per round (``in_child``), which loads and warms up the model,
+then reads seconds and peak RSS growth of the fit alone (``measured``); contenders alternate.
 
 Command: ``python -m bench.vs_official [--windows 16] [--seq-len 256] [--rounds 2]``.
 """
@@ -21,7 +21,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, median, peak_in_child, table, write_section
+from bench._common import ensure_path, in_child, load_bundled, measured, median, table, write_section
 
 ensure_path()
 
@@ -33,6 +33,8 @@ from ghosted.solve import ghost_operator  # noqa: E402
 from ghosted.text import calibration_windows  # noqa: E402
 
 GAP = Gap(20, 27)
+OFFICIAL = "official approach"
+CONTENDERS = (OFFICIAL, "ghosted, batch 1", "ghosted, batch 4")
 
 
 def ours(model, windows, batch_size: int) -> torch.Tensor:
@@ -42,18 +44,14 @@ def ours(model, windows, batch_size: int) -> torch.Tensor:
     return ghost_operator(stats, eps=1e-6)
 
 
-def measure(contenders: dict, rounds: int) -> tuple[dict, dict, dict]:
-    """Seconds and peak MiB per contender and round (each in a fresh child), plus round 0's W."""
-    seconds = {name: [] for name in contenders}
-    peaks = {name: [] for name in contenders}
-    results = {}
-    for r in range(rounds):
-        for name, fn in contenders.items():
-            mib, sec, w = peak_in_child(fn)
-            seconds[name].append(sec)
-            peaks[name].append(mib)
-            results.setdefault(name, w)
-    return seconds, peaks, results
+def job(contender: str, n_windows: int, seq_len: int):
+    """In a fresh process: (peak MiB, seconds, W) of one contender's fit."""
+    lm = load_bundled()
+    windows = calibration_windows(lm.tokenizer, "bundled:news", n_windows, seq_len, 0)
+    fits = {OFFICIAL: lambda: official_ghost_operator(lm.model, windows, GAP.start, GAP.end),
+            "ghosted, batch 1": lambda: ours(lm.model, windows, 1),
+            "ghosted, batch 4": lambda: ours(lm.model, windows, 4)}
+    return measured(fits[contender])
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -62,27 +60,26 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seq-len", type=int, default=256, help="tokens per window")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds (median of ratios)")
     args = p.parse_args(argv)
-    lm = load_bundled()
-    model = lm.model
-    windows = calibration_windows(lm.tokenizer, "bundled:news", args.windows, args.seq_len, 0)
-    official = "official approach"
-    contenders = {
-        official: lambda: official_ghost_operator(model, windows, GAP.start, GAP.end),
-        "ghosted, batch 1": lambda: ours(model, windows, 1),
-        "ghosted, batch 4": lambda: ours(model, windows, 4),
-    }
-    seconds, peaks, results = measure(contenders, args.rounds)
-    ref = results[official]
+    seconds = {name: [] for name in CONTENDERS}
+    peaks = {name: [] for name in CONTENDERS}
+    results = {}
+    for _ in range(args.rounds):
+        for name in CONTENDERS:
+            mib, sec, w = in_child(job, name, args.windows, args.seq_len)
+            seconds[name].append(sec)
+            peaks[name].append(mib)
+            results.setdefault(name, torch.from_numpy(w))
+    ref = results[OFFICIAL]
     rows = []
-    for name in contenders:
-        time_ratio = median([a / b for a, b in zip(seconds[name], seconds[official])])
+    for name in CONTENDERS:
+        time_ratio = median([a / b for a, b in zip(seconds[name], seconds[OFFICIAL])])
         diff = float(torch.linalg.matrix_norm(results[name] - ref) / torch.linalg.matrix_norm(ref))
         rows.append([name, median(seconds[name]), time_ratio, median(peaks[name]),
-                     median(peaks[name]) / median(peaks[official]), f"{diff:.1e}"])
-    tokens = windows.input_ids.numel()
+                     median(peaks[name]) / median(peaks[OFFICIAL]), f"{diff:.1e}"])
+    tokens = args.windows * args.seq_len
     paper_gib = stack_bytes(32 * 2048, 4096) / 2**30
     body = (f"Bundled SmolLM2-135M, gap [20, 27), {args.windows} windows x {args.seq_len} tokens "
-            f"({tokens} tokens), median of {args.rounds} alternating rounds, each in a fresh child process.\n\n"
+            f"({tokens} tokens), median of {args.rounds} alternating rounds, each in a fresh process.\n\n"
             + table(["contender", "seconds", "time / official", "peak RSS growth MiB", "memory / official",
                      "‖W − W_official‖/‖W_official‖"], rows)
             + f"\n\nReading: the official approach's activation memory is N·d·40 bytes "

@@ -90,7 +90,8 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in [
 SINGLE_PASS = [name for name, c in CRITERIA.items() if c.cost in ("pass", "heldout")]
 _SIMILARITY_BLOCKS = {"streamline_cosine": "cosine", "angular_all": "angular",
                       "angular_last": "angular_last", "seqcos_streamline": "sequence_cosine"}
-_RECOVERABILITY = {"recoverability", "recoverability_heldout", "recoverability_token"}
+# Criteria that need Gram blocks: their memory and time grow with recoverability_n_values.
+RECOVERABILITY = {"recoverability", "recoverability_heldout", "recoverability_token"}
 
 
 @dataclass
@@ -215,12 +216,12 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
     total, dim = num_layers(model), hidden_size(model)
     wanted = set(cfg.metrics)
     rec_n = n_values if cfg.recoverability_n_values is None else resolve_n_values(cfg.recoverability_n_values, total)
-    blocks = block_list(rec_n, total) if wanted & _RECOVERABILITY else []
+    blocks = block_list(rec_n, total) if wanted & RECOVERABILITY else []
     weighted = "recoverability_token" in wanted
     needed = gram_bytes(blocks, dim) + (TokenWeightedSums.bytes_for(blocks, dim) if weighted else 0)
     _check_gram_budget(needed, rec_n, cfg.max_gram_gib)
     clock = time.perf_counter()
-    sims, grams, token_sums = _stream(model, windows, total, dim, blocks, bool(wanted - _RECOVERABILITY),
+    sims, grams, token_sums = _stream(model, windows, total, dim, blocks, bool(wanted - RECOVERABILITY),
                                       cfg.batch_size, "calibration pass", progress, show_tqdm, weighted)
     seconds["single_pass"] = round(time.perf_counter() - clock, 3)
     held_grams = None

@@ -39,7 +39,7 @@ def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: st
     fig = go.Figure(go.Bar(x=rows.layer.tolist(), y=rows.value.tolist(), marker_color=colors,
                            hovertemplate="layer %{x}: %{y:.4g}<extra></extra>"))
     values = rows.value.dropna()
-    wide = len(values) and values.min() > 0 and values.max() / values.min() > 100
+    wide = len(values) and values.min() > 0 and values.max() / values.min() > 20
     hint = f" ({prune} values: drop first)" if prune else ""
     fig.update_layout(title=f"{metric} per layer{hint}",
                       xaxis_title="layer", yaxis_title=metric, yaxis_type="log" if wide else "linear",

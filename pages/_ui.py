@@ -231,18 +231,26 @@ TEXT_KINDS = {"bundled:news": "Bundled news", "bundled:wiki": "Bundled Wikipedia
               "upload": "Upload a file", "path": "Local file", "dataset": "Dataset"}
 
 
-def text_source_inputs(cfg: DeployConfig, default: str, key: str) -> Callable[[], object]:
-    """Widgets (inside a form) choosing a text; returns a function resolving the submitted choice."""
+def text_kind(cfg: DeployConfig, default: str, key: str, label: str = "Text") -> str:
+    """Which kind of text (outside a form, so the form shows only the inputs that kind needs)."""
     kinds = ["bundled:news", "bundled:wiki", "upload"]
     kinds += ["path"] if cfg.allow_local_paths else []
     kinds += ["dataset"] if cfg.allow_hub_datasets else []
-    kind = st.radio("Text", kinds, index=kinds.index(default), format_func=TEXT_KINDS.get,
+    return st.radio(label, kinds, index=kinds.index(default), format_func=TEXT_KINDS.get,
                     horizontal=True, key=f"{key}_kind")
-    upload = st.file_uploader("Upload a .txt (documents split by blank lines) or .jsonl ('text' field)",
-                              type=["txt", "jsonl"], key=f"{key}_upload")
-    other = "" if len(kinds) == 3 else st.text_input(
-        "Local file or dataset name", key=f"{key}_other",
-        placeholder="data/calib.txt  ·  wikitext-2-raw-v1  ·  c4  ·  hf:NAME[:CONFIG]")
+
+
+def text_inputs(cfg: DeployConfig, kind: str, key: str) -> Callable[[], object]:
+    """The inputs a text kind needs (inside a form); returns a function resolving the submitted choice."""
+    upload, other = None, ""
+    if kind == "upload":
+        upload = st.file_uploader("A .txt file (documents split by blank lines) or .jsonl ('text' field)",
+                                  type=["txt", "jsonl"], key=f"{key}_upload")
+    elif kind == "path":
+        other = st.text_input("Local .txt or .jsonl file", key=f"{key}_path", placeholder="data/calib.txt")
+    elif kind == "dataset":
+        other = st.text_input("Dataset (needs network and the datasets package)", key=f"{key}_dataset",
+                              placeholder="wikitext-2-raw-v1  ·  c4  ·  ptb  ·  hf:NAME[:CONFIG]")
     return lambda: resolve_text(cfg, kind, upload, other)
 
 

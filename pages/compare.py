@@ -20,9 +20,9 @@ def variants(lm, stored: dict) -> dict:
 
 
 def eval_form(cfg) -> dict:
+    kind = _ui.text_kind(cfg, "bundled:wiki", "eval", "Evaluation text (a part never used for calibration)")
     with st.form("eval_form"):
-        st.markdown("**Evaluation text** (the part never used for calibration)")
-        text = _ui.text_source_inputs(cfg, "bundled:wiki", "eval")
+        text = _ui.text_inputs(cfg, kind, "eval")
         left, right = st.columns(2)
         tokens = left.number_input("Tokens to score", 64, 10_000_000, 4096, step=1024, key="eval_tokens")
         window = right.number_input("Window (tokens)", 16, 32768, 512, step=128, key="eval_window")

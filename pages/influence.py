@@ -29,8 +29,9 @@ def criterion_label(name: str) -> str:
 
 
 def influence_form(cfg, n_layers: int) -> dict:
+    kind = _ui.text_kind(cfg, "bundled:news", "influence", "Text to measure on")
     with st.form("influence_form"):
-        text = _ui.text_source_inputs(cfg, "bundled:news", "influence")
+        text = _ui.text_inputs(cfg, kind, "influence")
         cols = st.columns(3)
         n_seqs = cols[0].number_input("Sequences", 1, 1024, 16, key="influence_seqs")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="influence_len")
@@ -82,11 +83,13 @@ def on_multiselect() -> None:
 
 def on_preset(report) -> None:
     """Button callback: the preset's layers become the selection, with the reason shown."""
-    metric = PRESETS[st.session_state["influence_preset"]][0]
+    metric, n = PRESETS[st.session_state["influence_preset"]][0], int(st.session_state["influence_n"])
     try:
-        layers, reason = select(report, metric, int(st.session_state["influence_n"]))
+        layers, reason = select(report, metric, n)
     except _ui.USER_ERRORS as err:
-        st.session_state[PRESET_ERROR] = str(err)
+        missing = metric in RECOVERABILITY and f"n = {n}" in str(err)
+        hint = f" Add {n} to 'Block sizes n for recoverability' and compute again." if missing else ""
+        st.session_state[PRESET_ERROR] = f"{err}{hint}"
         return
     _ui.set_selection(layers)
     st.session_state[REASON] = reason

@@ -17,9 +17,9 @@ DEFAULT_METHODS = ("ghost", "replaceme-ls")  # the paper's method and its closes
 def settings_form(cfg) -> dict | None:
     """Calibration settings; returns them (with a text resolver) when the form is submitted."""
     fittable = [m for m in METHODS if m != "none"]
+    kind = _ui.text_kind(cfg, "bundled:news", "calib", "Calibration text")
     with st.form("calibrate_form"):
-        st.markdown("**Calibration text**")
-        text = _ui.text_source_inputs(cfg, "bundled:news", "calib")
+        text = _ui.text_inputs(cfg, kind, "calib")
         cols = st.columns(4)
         n_seqs = cols[0].number_input("Sequences", 1, 4096, 32, key="calib_n", help="windows the operators are fitted on")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="calib_len")

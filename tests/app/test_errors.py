@@ -47,7 +47,7 @@ def test_no_layers_selected(app):
 def test_empty_upload(app):
     app.session_state["ghosted.selection"] = [20, 21]
     open_page(app, "recover")
-    app.radio(key="calib_kind").set_value("upload")
+    app.radio(key="calib_kind").set_value("upload").run()
     app.get("file_uploader")[0].set_value(("empty.txt", b"", "text/plain"))
     app.button(key="calibrate_run").click().run()
     no_exception(app)

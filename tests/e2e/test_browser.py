@@ -1,7 +1,7 @@
 """The default flow by clicking, in chromium: every page works and gets a screenshot for the README.
 
-Settings are small for a shared CPU (8 x 128 calibration tokens, 1024 evaluation tokens); the tests
-run in order on one browser tab, as a user would.
+Settings are small for a shared CPU (influence on 8 x 64 tokens, the default 32 x 128 calibration
+tokens, 1024 evaluation tokens); the tests run in order on one browser tab, as a user would.
 """
 
 import re
@@ -64,9 +64,7 @@ def test_influence_click_and_preset(app_page):
 def test_calibrate_and_recover(app_page):
     page = app_page
     go(page, "Calibrate & recover")
-    fill(page, "calib_n", 8)
-    fill(page, "calib_heldout", 2)
-    click(page, "calibrate_run")
+    click(page, "calibrate_run")  # the defaults: 32 x 128 tokens (+4 held-out), ghost and replaceme-ls
     expect(page.get_by_text(re.compile(r"^Run: layers"))).to_be_visible()
     wait_idle(page)
     expect(page.get_by_test_id("stDataFrame")).to_be_visible()

@@ -1,0 +1,56 @@
+"""``python -m ghosted grid``: the reproduction grid (criterion x n x every method, two texts)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+
+
+def _list(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def add_parser(sub) -> None:
+    from ghosted.grid import ALIASES
+    from ghosted.recover import METHODS
+
+    p = sub.add_parser("grid", help="the reproduction grid: selection x layers removed x every method",
+                       description="Choose layers with each selection criterion for each n, recover them with "
+                                   "every method (one calibration pass per layer set), and report perplexity "
+                                   "on each evaluation text (shared-prefix evaluation). Writes grid.csv, "
+                                   "grid.md and grid.json to --out-dir.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_model_args(p)
+    add_text_args(p, evaluation=False)
+    g = p.add_argument_group("grid")
+    g.add_argument("--selections", default="streamline,shortgpt",
+                   help="selection criteria: " + ", ".join(f"{k} (= {v}, the paper's code)" for k, v in ALIASES.items())
+                        + ", or any criterion of `python -m ghosted influence`")
+    g.add_argument("--n", default="7,11", help="numbers of layers removed, comma list")
+    g.add_argument("--methods", default="all", help=f"'all' or a comma list from: dense, {', '.join(METHODS)}")
+    g.add_argument("--evals", default="bundled:wiki,bundled:news", help="evaluation texts, comma list")
+    g.add_argument("--eval-tokens", type=int, default=8192,
+                   help="tokens per evaluation text (capped at what its evaluation part holds)")
+    g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window")
+    p.add_argument("--out-dir", default="grid", help="folder for grid.csv, grid.md and grid.json")
+    p.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from ghosted.grid import GridConfig, run_grid
+    from ghosted.recover import METHODS
+
+    methods = ["dense", *METHODS] if args.methods == "all" else _list(args.methods)
+    cfg = GridConfig(model=args.model, selections=_list(args.selections), n_values=[int(n) for n in _list(args.n)],
+                     methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,
+                     heldout_seqs=args.heldout_seqs, evals=_list(args.evals), eval_tokens=args.eval_tokens,
+                     eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype, seed=args.seed,
+                     batch_size=args.batch_size)
+    result = run_grid(cfg, loaded=load_from_args(args), progress=lambda line: print(line, file=sys.stderr))
+    print(result.markdown())
+    for path in result.save(args.out_dir):
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"grid took {result.meta['seconds']:.0f} s", file=sys.stderr)
+    return 0
