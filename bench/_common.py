@@ -109,6 +109,12 @@ def measured(fn: Callable[[], object]) -> tuple[float, float, object]:
     return peak_kib / 1024, seconds, result
 
 
+# Fixed malloc thresholds: blocks of 128 KiB and more are always mapped and unmapped, so resident
+# memory follows the memory actually in use (glibc's adaptive threshold would otherwise keep freed
+# per-batch buffers on the heap, and the peak would creep up with the number of batches).
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
 def _child(job, args, conn) -> None:
     ensure_path()
     conn.send(job(*args))
@@ -119,13 +125,20 @@ def in_child(job: Callable, *args, timeout: float = 3600):
     """``job(*args)`` in a fresh (spawned) Python process; returns what it returns.
 
     A fresh process per measurement means memory freed by an earlier one cannot hide a later one,
-    and nothing (thread pools, caches) leaks between contenders. ``job`` must be a module-level
+    and nothing (thread pools, caches) leaks between contenders; its C library maps every large
+    block on its own (``_MALLOC_ENV``), so resident memory tracks the memory in use. ``job`` must be a module-level
     function that loads what it needs and wraps the measured part in ``measured``.
     """
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(job, args, child))
-    proc.start()
+    saved = {k: os.environ.get(k) for k in _MALLOC_ENV}
+    os.environ.update(_MALLOC_ENV)  # read by the child's C library at start-up
+    try:
+        proc.start()
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     child.close()
     if not parent.poll(timeout):
         proc.kill()

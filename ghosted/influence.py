@@ -108,7 +108,8 @@ class InfluenceConfig:
     candidate_windows: int | None = 8  # windows for ppl_single and sleb (one pass per candidate);
     # None: all. Shortened-LLaMA scores on 10 × 128 tokens, SLEB on a few 2048-token windows
     sleb_steps: int | None = None  # layers SLEB removes; None: the largest n in n_values (or L // 4)
-    max_gram_gib: float = 8.0  # refuse recoverability Gram blocks beyond this (restrict n_values)
+    max_gram_gib: float = 4.0  # refuse recoverability Gram blocks beyond this (restrict the n values);
+    # SmolLM2, every n: 1.3 GB for recoverability, 5.0 GB with recoverability_token
 
 
 @dataclass
@@ -187,11 +188,7 @@ def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, 
     """
     cfg = config or InfluenceConfig()
     total = num_layers(model)
-    unknown = [m for m in cfg.metrics if m not in CRITERIA]
-    if unknown:
-        raise ValueError(f"Unknown criteria {unknown}; choose from {', '.join(CRITERIA)}.")
-    if "recoverability_heldout" in cfg.metrics and heldout is None:
-        raise ValueError("recoverability_heldout needs held-out windows (heldout=...).")
+    _check_metrics(cfg.metrics, heldout)
     n_values = resolve_n_values(cfg.n_values, total)
     started = time.perf_counter()
     seconds: dict[str, float] = {}
@@ -201,13 +198,28 @@ def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, 
         block_rows += b
         layer_rows += lay
         meta.update(info)
-    layer_rows += _model_criteria(model, windows, cfg, n_values, seconds, meta, progress)
+    wanted = [m for m in cfg.metrics if CRITERIA[m].cost in ("per-layer", "gradient")]
+    if wanted:
+        steps = cfg.sleb_steps or (max(n_values) if cfg.n_values else max(1, total // 4))
+        rows, info = removal.removal_criteria(model, windows, wanted, cfg.batch_size, cfg.candidate_windows, steps,
+                                              _Bars(progress, show_tqdm))
+        layer_rows += rows
+        seconds.update(info.pop("seconds"))
+        meta.update(info)
     meta.update(layers=total, hidden_size=hidden_size(model), n_values=n_values, metrics=list(cfg.metrics),
                 protocol=dict(getattr(windows, "protocol", {})), config=asdict(cfg), seconds=seconds,
                 total_seconds=round(time.perf_counter() - started, 3))
     blocks = pd.DataFrame(block_rows, columns=["metric", "start", "n", "end", "value"])
     layers = pd.DataFrame(layer_rows, columns=["metric", "layer", "value"])
     return InfluenceReport(blocks=blocks, layers=layers, num_layers=total, meta=meta)
+
+
+def _check_metrics(metrics: list[str], heldout) -> None:
+    unknown = [m for m in metrics if m not in CRITERIA]
+    if unknown:
+        raise ValueError(f"Unknown criteria {unknown}; choose from {', '.join(CRITERIA)}.")
+    if "recoverability_heldout" in metrics and heldout is None:
+        raise ValueError("recoverability_heldout needs held-out windows (heldout=...).")
 
 
 def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_values, seconds, progress,
@@ -294,38 +306,17 @@ def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_s
     return sims, grams, token_sums
 
 
-def _model_criteria(model, windows, cfg: InfluenceConfig, n_values, seconds, meta, progress) -> list:
-    """Layer rows of ppl_single, taylor and sleb (each only when requested)."""
-    rows = []
-    few = windows if cfg.candidate_windows is None else _first(windows, cfg.candidate_windows)
-    if "ppl_single" in cfg.metrics:
-        clock = time.perf_counter()
-        dense, without = removal.removal_nll(model, few, cfg.batch_size, progress)
-        rows += [("ppl_single", layer, math.exp(nll)) for layer, nll in without.items()]
-        meta["dense_calibration_ppl"] = math.exp(dense)
-        seconds["ppl_single"] = round(time.perf_counter() - clock, 3)
-    if "taylor" in cfg.metrics:
-        clock = time.perf_counter()
-        rows += [("taylor", layer, score) for layer, score in
-                 removal.taylor_scores(model, windows, cfg.batch_size).items()]
-        seconds["taylor"] = round(time.perf_counter() - clock, 3)
-    if "sleb" in cfg.metrics:
-        clock = time.perf_counter()
-        total = num_layers(model)
-        steps = cfg.sleb_steps or (max(n_values) if cfg.n_values else max(1, total // 4))
-        order = removal.sleb_order(model, few, min(steps, total - 2), cfg.batch_size, progress)
-        step_of = {layer: k + 1 for k, (layer, _) in enumerate(order)}
-        rows += [("sleb", layer, float(step_of.get(layer, math.nan))) for layer in range(total)]
-        rows += [("sleb_ppl", layer, math.exp(nll)) for layer, nll in order]
-        seconds["sleb"] = round(time.perf_counter() - clock, 3)
-    if {"ppl_single", "sleb"} & set(cfg.metrics):
-        meta["candidate_tokens"] = int(few.attention_mask.sum())
-    return rows
+class _Bars:
+    """Progress of the per-layer criteria: one tqdm bar per stage, also passed on to ``progress``."""
 
+    def __init__(self, progress: Progress | None, show_tqdm: bool):
+        self.progress, self.show_tqdm, self.bars = progress, show_tqdm, {}
 
-def _first(windows, count: int):
-    """The first ``count`` windows (same protocol, marked as a subset)."""
-    from ghosted.text import TokenWindows
-
-    proto = {**getattr(windows, "protocol", {}), "n_windows": min(count, windows.input_ids.shape[0])}
-    return TokenWindows(windows.input_ids[:count], windows.attention_mask[:count], proto)
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.show_tqdm:
+            bar = self.bars.setdefault(stage, tqdm(total=total, desc=stage, unit="step", leave=False))
+            bar.update(done - bar.n)
+            if done >= total:
+                bar.close()
+        if self.progress:
+            self.progress(stage, done, total)

@@ -11,6 +11,8 @@ Every removed layer is skipped exactly as ``ghosted.prune.build_variant`` remove
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable
 
 import torch
@@ -21,6 +23,7 @@ from ghosted.arch import layers_of, num_layers, spec_for
 from ghosted.capture import input_device
 from ghosted.evaluate import perplexity
 from ghosted.prune import build_variant, shallow_clone
+from ghosted.text import TokenWindows
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -138,3 +141,43 @@ def taylor_scores(model: nn.Module, windows, batch_size: int = 4) -> dict[int, f
                 total += (param.detach().double() * param.grad.double()).abs().sum().cpu()
         scores[layer] = float(total)
     return scores
+
+
+def removal_criteria(model: nn.Module, windows, metrics: list[str], batch_size: int, candidate_windows: int | None,
+                     sleb_steps: int, progress: Progress | None = None) -> tuple[list[tuple], dict]:
+    """Layer rows (metric, layer, value) of "ppl_single", "taylor" and "sleb" (those in ``metrics``), and
+    facts for the report (dense calibration perplexity, candidate tokens, seconds per criterion).
+
+    ppl_single and sleb run on the first ``candidate_windows`` windows (None: all), taylor on all.
+    SLEB's layers get their removal step (NaN if never removed) and, as "sleb_ppl", the calibration
+    perplexity after that step.
+    """
+    rows, info, seconds = [], {}, {}
+    few = windows if candidate_windows is None else first_windows(windows, candidate_windows)
+    if "ppl_single" in metrics:
+        clock = time.perf_counter()
+        dense, without = removal_nll(model, few, batch_size, progress)
+        rows += [("ppl_single", layer, math.exp(nll)) for layer, nll in without.items()]
+        info["dense_calibration_ppl"] = math.exp(dense)
+        seconds["ppl_single"] = round(time.perf_counter() - clock, 3)
+    if "taylor" in metrics:
+        clock = time.perf_counter()
+        rows += [("taylor", layer, score) for layer, score in taylor_scores(model, windows, batch_size).items()]
+        seconds["taylor"] = round(time.perf_counter() - clock, 3)
+    if "sleb" in metrics:
+        clock = time.perf_counter()
+        total = num_layers(model)
+        order = sleb_order(model, few, min(sleb_steps, total - 2), batch_size, progress)
+        step_of = {layer: k + 1 for k, (layer, _) in enumerate(order)}
+        rows += [("sleb", layer, float(step_of.get(layer, math.nan))) for layer in range(total)]
+        rows += [("sleb_ppl", layer, math.exp(nll)) for layer, nll in order]
+        seconds["sleb"] = round(time.perf_counter() - clock, 3)
+    if {"ppl_single", "sleb"} & set(metrics):
+        info["candidate_tokens"] = int(few.attention_mask.sum())
+    return rows, {**info, "seconds": seconds}
+
+
+def first_windows(windows, count: int) -> TokenWindows:
+    """The first ``count`` windows, with the protocol's window count updated."""
+    proto = {**getattr(windows, "protocol", {}), "n_windows": min(count, windows.input_ids.shape[0])}
+    return TokenWindows(windows.input_ids[:count], windows.attention_mask[:count], proto)

@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
                    help="calibration windows for ppl_single and sleb (0 = all)")
     g.add_argument("--sleb-steps", type=int, default=0,
                    help="layers SLEB removes (0 = the largest --n-values, or L/4 with 'all')")
-    g.add_argument("--max-gram-gib", type=float, default=8.0,
+    g.add_argument("--max-gram-gib", type=float, default=4.0,
                    help="refuse recoverability Gram blocks beyond this many GiB")
     p.add_argument("--out-dir", default="influence", help="folder for the CSV and JSON files")
     p.set_defaults(handler=handle)
@@ -114,8 +114,9 @@ def _typical_n(total: int) -> list[int]:
 
 def _print_summary(report, chosen) -> None:
     meta = report.meta
-    print(f"{meta.get('model', 'model')}: {report.num_layers} layers, {meta.get('tokens')} calibration tokens; "
+    tokens = meta.get("tokens") or meta.get("candidate_tokens")
+    print(f"{meta.get('model', 'model')}: {report.num_layers} layers, {tokens} calibration tokens; "
           f"seconds {meta['seconds']}")
     print(f"{'criterion':<24}{'n':>4}  layers")
     for row in chosen.itertuples():
-        print(f"{row.metric:<24}{row.n:>4}  {row.layers if row.layers else '-'}")
+        print(f"{row.metric:<24}{row.n:>4}  {row.layers if isinstance(row.layers, str) else '-'}")

@@ -1,0 +1,38 @@
+"""Rerun every benchmark in turn; each rewrites its own section of docs/BENCHMARKS.md.
+
+Command: ``python -m bench.all [--skip vs_official,...]`` (about 15-25 minutes on 2 idle cores;
+each benchmark alone takes a few minutes: ``python -m bench.NAME``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+
+if __package__ in (None, ""):
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BENCHMARKS = ["calibration_speed", "depth", "calibration_memory", "shared_eval", "overhead", "solve_width",
+              "vs_official"]  # in docs/BENCHMARKS.md order
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--skip", default="", help="comma list of benchmarks to leave out")
+    args = p.parse_args(argv)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    for name in BENCHMARKS:
+        if name in skip:
+            continue
+        started = time.perf_counter()
+        print(f"== bench.{name}", file=sys.stderr)
+        importlib.import_module(f"bench.{name}").main([])
+        print(f"== bench.{name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

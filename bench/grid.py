@@ -1,0 +1,87 @@
+"""Regenerate the table of docs/REPRODUCTION.md from the reproduction grid.
+
+Runs ``ghosted.grid.run_grid`` with the defaults of ``python -m ghosted grid`` (or reads a grid.json
+that command already wrote, ``--from DIR``), writes grid.csv / grid.md / grid.json to ``--out-dir``,
+and replaces the block between ``<!-- grid:table -->`` and ``<!-- /grid:table -->`` in
+docs/REPRODUCTION.md with the tables, the protocol, the layers each criterion chose and the wall time.
+
+Command: ``python -m bench.grid [--out-dir grid] [--eval-tokens 8192] [--calib-seqs 32]``
+or, after ``python -m ghosted grid --out-dir grid``: ``python -m bench.grid --from grid``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import ROOT, ensure_path, machine, today
+
+ensure_path()
+
+import pandas as pd  # noqa: E402
+
+from ghosted.grid import GridConfig, GridResult, run_grid  # noqa: E402
+
+DOC = ROOT / "docs" / "REPRODUCTION.md"
+
+
+def load_result(folder: str) -> GridResult:
+    payload = json.loads((Path(folder) / "grid.json").read_text())
+    return GridResult(pd.DataFrame(payload["rows"]), payload["meta"])
+
+
+def block(result: GridResult, command: str) -> str:
+    """The generated part of REPRODUCTION.md: tables, selections, protocol, wall time."""
+    meta, cfg = result.meta, result.meta.get("config", {})
+    cal = meta.get("calibration", {})
+    picks = "\n".join(f"- {k}: layers {v['layers']} ({v['criterion']})" for k, v in meta.get("selections", {}).items())
+    notes = "".join(f"\n- {n}" for n in meta.get("notes", []))
+    timing = ", ".join(f"{k}: fit {v['fit_seconds']} s, evaluation {v['eval_seconds']} s"
+                       for k, v in meta.get("settings", {}).items())
+    return (f"Generated {today()} by `{command}` on {machine()}; the grid took "
+            f"**{meta.get('seconds', 0) / 60:.1f} minutes** (influence pass {meta.get('influence_seconds')} s; "
+            f"per layer set: {timing}).\n\n"
+            f"Model: {meta.get('model')}. Calibration: {cal.get('source')} ({cal.get('part')} part), "
+            f"{cal.get('n_windows')} x {cal.get('seq_len')} tokens fitted + {cfg.get('heldout_seqs')} held-out "
+            f"windows, seed {cfg.get('seed')}. Bold: the best recovery method in the row (dense and none excluded).\n\n"
+            f"{result.markdown()}\n\nLayers removed (0-based):\n{picks}{notes}")
+
+
+def write_block(text: str) -> None:
+    doc = DOC.read_text()
+    pattern = re.compile(r"<!-- grid:table -->.*?<!-- /grid:table -->", re.S)
+    if not pattern.search(doc):
+        raise RuntimeError(f"{DOC} has no <!-- grid:table --> ... <!-- /grid:table --> block to replace.")
+    DOC.write_text(pattern.sub(lambda _: f"<!-- grid:table -->\n{text}\n<!-- /grid:table -->", doc))
+    print(f"updated {DOC.relative_to(ROOT)}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> GridResult:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--from", dest="source", default=None, help="read DIR/grid.json instead of running the grid")
+    p.add_argument("--out-dir", default="grid", help="where the grid's CSV, Markdown and JSON go")
+    p.add_argument("--eval-tokens", type=int, default=GridConfig.eval_tokens)
+    p.add_argument("--calib-seqs", type=int, default=GridConfig.calib_seqs)
+    args = p.parse_args(argv)
+    if args.source:
+        result, command = load_result(args.source), "python -m ghosted grid"
+    else:
+        cfg = GridConfig(eval_tokens=args.eval_tokens, calib_seqs=args.calib_seqs)
+        result = run_grid(cfg, progress=lambda line: print(line, file=sys.stderr))
+        result.save(args.out_dir)
+        extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
+                        (("eval_tokens", args.eval_tokens), ("calib_seqs", args.calib_seqs))
+                        if v != getattr(GridConfig, k))
+        command = f"python -m bench.grid{extra}"
+    write_block(block(result, command))
+    return result
+
+
+if __name__ == "__main__":
+    main()
