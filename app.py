@@ -25,5 +25,10 @@ PAGES = [
     st.Page("pages/learn.py", title="Learn", icon=":material/school:"),
 ]
 page = st.navigation(PAGES, position="top")
+_ui.open_deep_link()
 _ui.sidebar()
-page.run()
+st.session_state[_ui.FRAMED] = True  # pages check it: they always run inside this frame
+try:
+    page.run()
+finally:
+    st.session_state[_ui.FRAMED] = False

@@ -148,15 +148,31 @@ def in_child(job: Callable, *args, timeout: float = 3600):
     return result
 
 
-def write_section(name: str, title: str, command: str, body: str) -> None:
-    """Replace (or append) this benchmark's section of docs/BENCHMARKS.md."""
-    section = (f"<!-- bench:{name} -->\n## {title}\n\n`{command}`, {today()}; {machine()}.\n\n"
+ORDER = ["calibration_speed", "depth", "calibration_memory", "shared_eval", "overhead", "solve_width",
+         "vs_official"]  # section order in docs/BENCHMARKS.md (and the order bench.all runs them)
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Existing sections of the report by name (the header is rewritten every time)."""
+    found = re.finditer(r"<!-- bench:(\w+) -->.*?<!-- /bench:\1 -->", text, re.S)
+    return {m.group(1): m.group(0) for m in found}
+
+
+def command_line(name: str, argv: list[str] | None) -> str:
+    """The command that reproduces this run: ``python -m bench.NAME`` plus the arguments given."""
+    given = sys.argv[1:] if argv is None else argv
+    return " ".join([f"python -m bench.{name}", *given])
+
+
+def write_section(name: str, title: str, argv: list[str] | None, body: str) -> None:
+    """Replace (or append) this benchmark's section of docs/BENCHMARKS.md (``argv``: the run's arguments)."""
+    section = (f"<!-- bench:{name} -->\n## {title}\n\n`{command_line(name, argv)}`, {today()}; {machine()}.\n\n"
                f"{body.strip()}\n<!-- /bench:{name} -->")
-    text = REPORT.read_text() if REPORT.exists() else HEADER
-    pattern = re.compile(rf"<!-- bench:{re.escape(name)} -->.*?<!-- /bench:{re.escape(name)} -->", re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    sections = _sections(REPORT.read_text()) if REPORT.exists() else {}
+    sections[name] = section
+    ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
     REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(text)
+    REPORT.write_text(HEADER + "\n" + "\n\n".join(sections[n] for n in ordered) + "\n")
     print(f"wrote section '{name}' of {REPORT.relative_to(ROOT)}", file=sys.stderr)
 
 

@@ -16,8 +16,7 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-BENCHMARKS = ["calibration_speed", "depth", "calibration_memory", "shared_eval", "overhead", "solve_width",
-              "vs_official"]  # in docs/BENCHMARKS.md order
+from bench._common import ORDER as BENCHMARKS  # noqa: E402  (docs/BENCHMARKS.md order)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
             + "\n\nReading: the first ratio is calibration's overhead over the forward pass it cannot avoid "
               "(1.0 would be free statistics); the second compares it with one ordinary pass of the whole "
               "model, which calibration never needs (it stops after layer 26 and computes no logits).")
-    write_section("calibration_speed", "Calibration time against a forward pass",
-                  "python -m bench.calibration_speed", body)
+    write_section("calibration_speed", "Calibration time against a forward pass", argv, body)
     print(body)
     return times
 

@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
             + "\n\nReading: the ghost operator is one d x d matrix (576² = 331,776 parameters, 1.3 MB in "
               "float32) and one (B·T, d) x (d, d) product per forward pass; the paper reports +1.6 % "
               "latency over plain pruning for Llama-3.1-8B at 7/32 (A40, fp16, 2048 tokens).")
-    write_section("overhead", "Inference overhead of the ghost operator against plain pruning",
-                  "python -m bench.overhead", body)
+    write_section("overhead", "Inference overhead of the ghost operator against plain pruning", argv, body)
     print(body)
     return times
 

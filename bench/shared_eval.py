@@ -61,8 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
             + "\n\nReading: the ratio cannot reach (prefix + 5 suffixes) / (5 whole models) in layers "
               "alone, because every suffix still pays for the embedding, the final norm, the 49k-token "
               "head and the loss, which for a 135M model weigh about as much as eight layers.")
-    write_section("shared_eval", "Shared-prefix evaluation of 5 methods against separate evaluation",
-                  "python -m bench.shared_eval", body)
+    write_section("shared_eval", "Shared-prefix evaluation of 5 methods against separate evaluation", argv, body)
     print(body)
     return times
 

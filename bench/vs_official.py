@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> dict:
               "tokens at d = 4096, before the teacher copy of the model), ghosted's is a few d x d float64 "
               "matrices whatever N is. Both solve the same normal equations, so W agrees to float64 "
               "round-off of the two summation orders.")
-    write_section("vs_official", "Calibration and solve against the released code's approach",
-                  "python -m bench.vs_official", body)
+    write_section("vs_official", "Calibration and solve against the released code's approach", argv, body)
     print(body)
     return {"seconds": seconds, "peaks": peaks}
 

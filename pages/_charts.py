@@ -43,6 +43,7 @@ def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: st
     hint = f" ({prune} values: drop first)" if prune else ""
     fig.update_layout(title=f"{metric} per layer{hint}",
                       xaxis_title="layer", yaxis_title=metric, yaxis_type="log" if wide else "linear",
+                      yaxis_dtick=1 if wide else None,
                       clickmode="event+select", **LAYOUT)
     return fig
 

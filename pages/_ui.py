@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from contextlib import contextmanager
+from pathlib import Path
 
 import streamlit as st
 import torch
@@ -31,6 +32,8 @@ RUN = "ghosted.run"  # dict: model key, settings, RecoveryRun and its frames
 EVAL = "ghosted.eval"  # dict: perplexity table and protocol of the current run
 GENERATIONS = "ghosted.generations"  # dict: prompts and each variant's continuations
 BUSY = "ghosted.busy"  # name of the job now running, or None
+FRAMED = "ghosted.framed"  # set by app.py while it runs a page
+DEEP_LINK = "ghosted.deep_link"  # page asked for before app.py had ever run on this server
 RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVAL, GENERATIONS)  # what a model switch invalidates
 
 USER_ERRORS = (ValueError, FileNotFoundError, ModelLoadError, SourceUnavailableError)
@@ -44,6 +47,24 @@ def init_state() -> None:
     st.session_state.setdefault(MODEL, dict(DEFAULT_SPEC))
     st.session_state.setdefault(SELECTION, [])
     st.session_state.setdefault(BUSY, None)
+
+
+def require_frame(page_file: str) -> None:
+    """Make sure the page runs inside app.py (navigation, sidebar badge).
+
+    A ``pages/`` folder next to the entrypoint makes Streamlit run a deep-linked page (e.g. /compare)
+    on its own until some session has called ``st.navigation``, i.e. on the first request after a
+    server start. Such a run goes through app.py first, which then opens the page asked for.
+    """
+    if not st.session_state.get(FRAMED):
+        st.session_state[DEEP_LINK] = f"pages/{Path(page_file).name}"
+        st.switch_page("app.py")
+
+
+def open_deep_link() -> None:
+    """In app.py, after ``st.navigation``: open the page a first request asked for."""
+    if target := st.session_state.pop(DEEP_LINK, None):
+        st.switch_page(target)
 
 
 def deployment() -> DeployConfig:

@@ -121,6 +121,7 @@ def generations(lm, stored: dict) -> None:
             col.write(texts[i] or "(nothing)")
 
 
+_ui.require_frame(__file__)
 st.title("Compare")
 lm = _ui.require_model()
 stored = _ui.stored(_ui.RUN)

@@ -96,6 +96,7 @@ def save_to(model, lm, run, target: str) -> None:
     st.success(f"Saved to {folder.resolve()}")
 
 
+_ui.require_frame(__file__)
 st.title("Export")
 lm = _ui.require_model()
 stored = _ui.stored(_ui.RUN)

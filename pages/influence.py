@@ -136,6 +136,7 @@ def pickers(model, report) -> None:
         st.page_link("pages/recover.py", label="Next: calibrate and recover", icon=":material/arrow_forward:")
 
 
+_ui.require_frame(__file__)
 st.title("Influence")
 st.write("Which layers change the residual stream least? Compute the criteria on a little text, then "
          "click bars, use a preset or pick layers by hand.")

@@ -93,6 +93,7 @@ def step_restricted(stored: dict) -> None:
                     "(a rotation-like part, M ≠ Mᵀ). A diagonal or symmetric operator cannot express it.")
 
 
+_ui.require_frame(__file__)
 st.title("Learn: how ghost layers work")
 lm = _ui.require_model()
 stored = _ui.stored(_ui.RUN)

@@ -63,6 +63,7 @@ def show(loaded) -> None:
                f"({loaded.kind}) · loaded in {loaded.load_seconds:.1f} s")
 
 
+_ui.require_frame(__file__)
 st.title("Model")
 st.write("Pick the model to prune. The bundled SmolLM2-135M-Instruct (30 layers, width 576) runs "
          "offline on a laptop CPU; any Hugging Face causal LM works on a workstation.")

@@ -88,6 +88,7 @@ def summary(stored: dict) -> None:
                  icon=":material/arrow_forward:")
 
 
+_ui.require_frame(__file__)
 st.title("Calibrate & recover")
 lm = _ui.require_model()
 layers = _ui.selection()

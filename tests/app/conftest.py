@@ -11,11 +11,31 @@ from pathlib import Path
 
 import pytest
 import streamlit as st
+from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = ["model", "influence", "recover", "compare", "export", "learn"]
 TIMEOUT = 600  # seconds per script run: the CPU is shared, calibration and evaluation are real
+
+
+@pytest.fixture(autouse=True)
+def _served_navigation(request, monkeypatch):
+    """Run pages the way a running server does once app.py has called ``st.navigation``.
+
+    AppTest re-detects the ``pages/`` folder on every run and would start each run in Streamlit's
+    legacy pages mode, the mode of only the very first request after a server start (covered by
+    the tests marked ``legacy_pages``).
+    """
+    if request.node.get_closest_marker("legacy_pages"):
+        return
+    original = PagesManager.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", init)
 
 
 @pytest.fixture(autouse=True)
@@ -62,3 +82,7 @@ def calibrate(at: AppTest, layers: list[int], methods: list[str], n: int = 4, le
     at.number_input(key="calib_heldout").set_value(heldout)
     at.multiselect(key="calib_methods").set_value(methods)
     return at.button(key="calibrate_run").click().run()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "legacy_pages: run AppTest in Streamlit's first-request pages mode")

@@ -2,7 +2,9 @@
 
 import pytest
 
-from tests.app.conftest import PAGES, no_exception, open_page
+from streamlit.testing.v1 import AppTest
+
+from tests.app.conftest import PAGES, ROOT, TIMEOUT, no_exception, open_page
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -10,11 +12,23 @@ def test_page_runs(app, page):
     open_page(app, page)
     no_exception(app)
     assert app.title, f"{page} rendered no title"
-    badge = app.session_state["ghosted.model_info"]  # what the sidebar badge shows (see tests/e2e)
-    assert "SmolLM2-135M-Instruct" in badge["name"] and badge["device"] == "cpu" and badge["layers"] == 30
+    badge = " ".join(s.value for s in app.sidebar.success)
+    assert "SmolLM2-135M-Instruct" in badge and "cpu" in badge and "30 layers" in badge
 
 
 @pytest.mark.parametrize("page", ["compare", "export", "learn"])
 def test_pages_without_run_point_to_calibration(app, page):
     open_page(app, page)
     assert any("calibrat" in i.value.lower() for i in app.info)
+
+
+@pytest.mark.legacy_pages
+@pytest.mark.parametrize("page", ["influence", "compare"])
+def test_deep_link_on_a_fresh_server_runs_inside_the_frame(monkeypatch, page):
+    """The first request after a start may name a page: it still gets app.py's navigation and badge."""
+    monkeypatch.delenv("GHOSTED_DEMO", raising=False)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    at.switch_page(f"pages/{page}.py").run()
+    no_exception(at)
+    assert at.title[0].value.lower().startswith(page)
+    assert any("SmolLM2-135M-Instruct" in s.value for s in at.sidebar.success)

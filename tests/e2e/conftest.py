@@ -84,11 +84,30 @@ def app_page(browser, app_url):
     context = browser.new_context(viewport={"width": 1280, "height": 2400})
     page = context.new_page()
     page.set_default_timeout(ACTION_TIMEOUT_MS)
-    expect.set_options(timeout=RUN_TIMEOUT_MS)  # expectations wait for a run's results
+    expect.set_options(timeout=ACTION_TIMEOUT_MS)  # results of a run: RUN_TIMEOUT_MS, explicitly
     page.goto(app_url)
     wait_idle(page)
     yield page
     context.close()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Remember each phase's outcome on the test item (for the screenshot on failure)."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _screenshot_on_failure(request):
+    """A failing browser test leaves test-results/<test>.png showing what the page looked like."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed and "app_page" in request.fixturenames:
+        out = ROOT / "test-results"
+        out.mkdir(exist_ok=True)
+        request.getfixturevalue("app_page").screenshot(path=str(out / f"{request.node.name}.png"))
 
 
 def wait_idle(page) -> None:

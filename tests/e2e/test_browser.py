@@ -8,7 +8,7 @@ import re
 
 from playwright.sync_api import expect
 
-from tests.e2e.conftest import screenshot, wait_idle
+from tests.e2e.conftest import RUN_TIMEOUT_MS, screenshot, wait_idle
 
 
 def go(page, title: str) -> None:
@@ -25,6 +25,13 @@ def fill(page, key: str, value) -> None:
 
 def click(page, key: str) -> None:
     page.locator(f".st-key-{key} button").click()
+
+
+def click_bar(page, bar) -> None:
+    """Click a bar just above the x axis (bars on a log axis reach far below the visible plot)."""
+    box = bar.bounding_box()
+    plot = page.locator(".st-key-influence_bars .nsewdrag").bounding_box()
+    page.mouse.click(box["x"] + box["width"] / 2, plot["y"] + plot["height"] - 4)
 
 
 def sidebar(page):
@@ -47,9 +54,9 @@ def test_influence_click_and_preset(app_page):
     fill(page, "influence_len", 64)
     click(page, "influence_run")
     bars = page.locator(".st-key-influence_bars .trace.bars .point path")
-    expect(bars).to_have_count(30)
+    expect(bars).to_have_count(30, timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
-    bars.nth(24).click(force=True)  # Plotly's drag layer takes the click and selects the bar
+    click_bar(page, bars.nth(24))
     expect(sidebar(page)).to_contain_text("Layers to drop: 24 (1 of 30 layers")
     wait_idle(page)
     page.locator(".st-key-influence_preset").click()
@@ -65,7 +72,7 @@ def test_calibrate_and_recover(app_page):
     page = app_page
     go(page, "Calibrate & recover")
     click(page, "calibrate_run")  # the defaults: 32 x 128 tokens (+4 held-out), ghost and replaceme-ls
-    expect(page.get_by_text(re.compile(r"^Run: layers"))).to_be_visible()
+    expect(page.get_by_text(re.compile(r"^Run: layers"))).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
     expect(page.get_by_test_id("stDataFrame")).to_be_visible()
     expect(sidebar(page)).to_contain_text("Recovered: pruned, ghost, replaceme-ls")
@@ -78,11 +85,11 @@ def test_compare(app_page):
     fill(page, "eval_tokens", 1024)
     fill(page, "eval_window", 256)
     click(page, "evaluate_run")
-    expect(page.get_by_text("Protocol")).to_be_visible()
+    expect(page.get_by_text("Protocol")).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
     fill(page, "new_tokens", 12)
     click(page, "generate_run")
-    expect(page.get_by_text("The capital of France is")).to_be_visible()
+    expect(page.get_by_text("The capital of France is", exact=True).last).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
     expect(page.locator(".js-plotly-plot")).to_have_count(3)
     screenshot(page, "compare")
