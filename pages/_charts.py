@@ -66,7 +66,8 @@ def spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
         fig.add_trace(go.Scatter(x=part["index"].tolist(), y=part.singular_value.clip(lower=1e-12).tolist(),
                                  mode="lines", name=method_label(method), line=dict(color=_color(method))))
     fig.update_layout(title=f"Singular values of the discrepancy at boundary {boundary}",
-                      xaxis_title="index", yaxis_title="singular value", yaxis_type="log", **LAYOUT)
+                      xaxis_title="index", yaxis_title="singular value", yaxis_type="log", yaxis_dtick=1,
+                      yaxis_exponentformat="power", **LAYOUT)
     return fig
 
 

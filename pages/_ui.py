@@ -21,7 +21,7 @@ from ghosted.assets import BUNDLED_MODEL
 from ghosted.deploy import DeployConfig, from_env
 from ghosted.loading import LoadedModel, ModelLoadError, load_model, source_kind
 from ghosted.prune import format_layers
-from ghosted.text import SourceUnavailableError, TextSource
+from ghosted.text import SourceUnavailableError
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
@@ -128,6 +128,7 @@ def require_model() -> LoadedModel:
 
 
 def current_key() -> str:
+    """Key of the model this session works on (results are tagged with it)."""
     return model_key(st.session_state.get(MODEL, DEFAULT_SPEC))
 
 
@@ -161,6 +162,7 @@ def start_job(name: str) -> None:
 
 
 def busy() -> bool:
+    """True while one of this session's jobs runs (its buttons are disabled)."""
     return bool(st.session_state.get(BUSY))
 
 
@@ -192,6 +194,7 @@ def run_job(name: str, label: str, work: Callable[[Progress], object]) -> object
 
 
 def selection() -> list[int]:
+    """The layers to drop, as chosen on the Influence page."""
     return list(st.session_state.get(SELECTION, []))
 
 
@@ -246,57 +249,3 @@ def sidebar() -> None:
 def label(method: str) -> str:
     """Display name of a method: 'none' is the plainly pruned model."""
     return "pruned" if method == "none" else method
-
-
-TEXT_KINDS = {"bundled:news": "Bundled news", "bundled:wiki": "Bundled Wikipedia",
-              "upload": "Upload a file", "path": "Local file", "dataset": "Dataset"}
-
-
-def text_kind(cfg: DeployConfig, default: str, key: str, label: str = "Text") -> str:
-    """Which kind of text (outside a form, so the form shows only the inputs that kind needs)."""
-    kinds = ["bundled:news", "bundled:wiki", "upload"]
-    kinds += ["path"] if cfg.allow_local_paths else []
-    kinds += ["dataset"] if cfg.allow_hub_datasets else []
-    return st.radio(label, kinds, index=kinds.index(default), format_func=TEXT_KINDS.get,
-                    horizontal=True, key=f"{key}_kind")
-
-
-def text_inputs(cfg: DeployConfig, kind: str, key: str) -> Callable[[], object]:
-    """The inputs a text kind needs (inside a form); returns a function resolving the submitted choice."""
-    upload, other = None, ""
-    if kind == "upload":
-        upload = st.file_uploader("A .txt file (documents split by blank lines) or .jsonl ('text' field)",
-                                  type=["txt", "jsonl"], key=f"{key}_upload")
-    elif kind == "path":
-        other = st.text_input("Local .txt or .jsonl file", key=f"{key}_path", placeholder="data/calib.txt")
-    elif kind == "dataset":
-        other = st.text_input("Dataset (needs network and the datasets package)", key=f"{key}_dataset",
-                              placeholder="wikitext-2-raw-v1  ·  c4  ·  ptb  ·  hf:NAME[:CONFIG]")
-    return lambda: resolve_text(cfg, kind, upload, other)
-
-
-def resolve_text(cfg: DeployConfig, kind: str, upload, other: str):
-    """The text source a form asked for: a name, a path or an in-memory ``TextSource``."""
-    if kind.startswith("bundled:"):
-        return kind
-    if kind == "upload":
-        if upload is None:
-            raise ValueError("Choose a .txt or .jsonl file to upload, or pick another text.")
-        data = upload.getvalue()
-        cfg.check_upload(len(data))
-        try:
-            return TextSource.from_string(upload.name, data.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise ValueError(f"{upload.name} is not UTF-8 text.") from None
-    name = other.strip()
-    if not name:
-        raise ValueError(f"Type a {'file path' if kind == 'path' else 'dataset name'} first.")
-    if kind == "path" and not name.lower().endswith((".txt", ".jsonl")):
-        raise ValueError(f"{name}: a local text must be a .txt or .jsonl file.")
-    cfg.check_text_source(name)
-    return name
-
-
-def source_name(source) -> str:
-    """How a text source is named in tables and recipes."""
-    return getattr(source, "name", source)

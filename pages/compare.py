@@ -7,7 +7,7 @@ from ghosted.arch import describe
 from ghosted.evaluate import forward_latency, perplexity
 from ghosted.generate import GenerationConfig, generate
 from ghosted.text import evaluation_windows
-from pages import _charts, _ui
+from pages import _charts, _text, _ui
 
 LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
 PROMPTS = "The capital of France is\nIn 1905, Albert Einstein"
@@ -20,9 +20,10 @@ def variants(lm, stored: dict) -> dict:
 
 
 def eval_form(cfg) -> dict:
-    kind = _ui.text_kind(cfg, "bundled:wiki", "eval", "Evaluation text (a part never used for calibration)")
+    """Evaluation text and size; the job runs on the rerun after submit."""
+    kind = _text.text_kind(cfg, "bundled:wiki", "eval", "Evaluation text (a part never used for calibration)")
     with st.form("eval_form"):
-        text = _ui.text_inputs(cfg, kind, "eval")
+        text = _text.text_inputs(cfg, kind, "eval")
         left, right = st.columns(2)
         tokens = left.number_input("Tokens to score", 64, 10_000_000, 4096, step=1024, key="eval_tokens")
         window = right.number_input("Window (tokens)", 16, 32768, 512, step=128, key="eval_window")
@@ -44,11 +45,13 @@ def score(models: dict, windows, batch: int, progress) -> dict:
 
 
 def evaluate(lm, stored: dict, form: dict, progress) -> dict:
+    """Perplexity, size and latency of every variant, as one plain table with its protocol."""
     _ui.deployment().check_eval(form["tokens"])
     progress("tokenising", 0, 1)
     windows = evaluation_windows(lm.tokenizer, form["text"](), form["tokens"], form["window"])
     models = variants(lm, stored)
     results = score(models, windows, stored["config"].batch_size, progress)
+    prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
     rows = []
     for i, (name, model) in enumerate(models.items()):
         progress("latency", i, len(models))
@@ -56,13 +59,14 @@ def evaluate(lm, stored: dict, form: dict, progress) -> dict:
         rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
                      "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
                      "memory (MB)": facts["memory_mb"],
-                     "latency (ms)": round(1e3 * forward_latency(model, windows.input_ids[:1, :LATENCY_TOKENS], repeats=2), 1)})
+                     "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
     protocol = dict(next(iter(results.values())).protocol)
     return {"model": stored["model"], "run_id": id(stored["run"]), "table": pd.DataFrame(rows),
             "protocol": protocol}
 
 
 def show_perplexity(result: dict) -> None:
+    """Bar chart and table of perplexities, the protocol beside them."""
     table, p = result["table"], result["protocol"]
     chart, side = st.columns([3, 2])
     chart.plotly_chart(_charts.perplexity_bars(table), key="ppl_chart")
@@ -76,6 +80,7 @@ def show_perplexity(result: dict) -> None:
 
 
 def show_boundary(stored: dict) -> None:
+    """Share of ‖Δ‖² removed, anti-symmetric share of M, and the spectra, from the fit's statistics."""
     frames = stored["frames"]
     st.subheader("How much of the discrepancy each method removes")
     left, right = st.columns([3, 2])
@@ -142,6 +147,7 @@ if evaluated and evaluated["run_id"] == id(stored["run"]):
     st.subheader("Size and speed")
     st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
                  hide_index=True)
-    st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, on this machine now.")
+    st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
+               "on this machine now.")
 show_boundary(stored)
 generations(lm, stored)

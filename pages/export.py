@@ -63,6 +63,7 @@ def zipped(model, lm, run) -> bytes:
 
 
 def model_section(cfg, lm, stored: dict) -> None:
+    """The chosen variant as a zip (built on click) or saved to a folder; off where not allowed."""
     st.subheader("Recovered model")
     if not cfg.allow_model_download:
         st.info(f"Model download is off in the {cfg.name} deployment. Run Ghosted on a workstation "
@@ -84,6 +85,7 @@ def model_section(cfg, lm, stored: dict) -> None:
 
 
 def save_to(model, lm, run, target: str) -> None:
+    """Save a variant into a folder on the server (workstations only)."""
     from ghosted.export import save_recovered
 
     if not target.strip():

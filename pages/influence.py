@@ -4,12 +4,11 @@ import pandas as pd
 import streamlit as st
 
 from ghosted.arch import num_layers
-from ghosted.text import calibration_windows
-from pages import _charts, _ui
-
 from ghosted.influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
 from ghosted.pipeline import split_calibration
 from ghosted.selection import select
+from ghosted.text import calibration_windows
+from pages import _charts, _text, _ui
 
 RECOVERABILITY = ("recoverability", "recoverability_heldout")  # Gram blocks: computed for chosen n only
 DEFAULT_CRITERIA = ("streamline_cosine", "angular_all", "block_influence", "recoverability")
@@ -22,6 +21,7 @@ PRESETS = {  # preset -> (criterion, what it picks)
 
 
 def criterion_label(name: str) -> str:
+    """A criterion with who defined it and, when it is slow, why."""
     c = CRITERIA[name]
     cost = {"pass": "", "heldout": ", + held-out pass", "per-layer": ", slow: a pass per layer",
             "gradient": ", slow: a backward pass"}[c.cost]
@@ -29,17 +29,18 @@ def criterion_label(name: str) -> str:
 
 
 def influence_form(cfg, n_layers: int) -> dict:
-    kind = _ui.text_kind(cfg, "bundled:news", "influence", "Text to measure on")
+    """Text, size and criteria of the measurement; the job runs on the rerun after submit."""
+    kind = _text.text_kind(cfg, "bundled:news", "influence", "Text to measure on")
     with st.form("influence_form"):
-        text = _ui.text_inputs(cfg, kind, "influence")
+        text = _text.text_inputs(cfg, kind, "influence")
         cols = st.columns(3)
         n_seqs = cols[0].number_input("Sequences", 1, 1024, 16, key="influence_seqs")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="influence_len")
-        rec_n = cols[2].multiselect("Block sizes n for recoverability", list(range(1, n_layers)), key="influence_rec_n",
-                                    default=[min(6, n_layers - 1)],
+        rec_n = cols[2].multiselect("Block sizes n for recoverability", list(range(1, n_layers)),
+                                    key="influence_rec_n", default=[min(6, n_layers - 1)],
                                     help="a ghost fit per block: each n adds memory and time")
-        metrics = st.multiselect("Criteria", list(CRITERIA), default=list(DEFAULT_CRITERIA), key="influence_metrics",
-                                 format_func=criterion_label)
+        metrics = st.multiselect("Criteria", list(CRITERIA), default=list(DEFAULT_CRITERIA),
+                                 key="influence_metrics", format_func=criterion_label)
         st.form_submit_button("Compute influence", type="primary", key="influence_run", disabled=_ui.busy(),
                               on_click=_ui.start_job, args=("influence",))
     return {"text": text, "n_seqs": int(n_seqs), "seq_len": int(seq_len), "rec_n": rec_n, "metrics": metrics}
@@ -58,14 +59,20 @@ def compute(lm, form: dict, progress) -> dict:
     costly = [m for m in form["metrics"] if m in RECOVERABILITY]
     if costly and not form["rec_n"]:
         raise ValueError("Recoverability needs at least one block size n.")
-    reports = [influence(lm.model, fit, InfluenceConfig(metrics=cheap), progress=progress, show_tqdm=False)] if cheap else []
+    reports = []
+    if cheap:
+        reports.append(influence(lm.model, fit, InfluenceConfig(metrics=cheap), progress=progress, show_tqdm=False))
     if costly:
         reports.append(influence(lm.model, fit, InfluenceConfig(metrics=costly, n_values=sorted(form["rec_n"])),
                                  heldout=held, progress=progress, show_tqdm=False))
-    report = InfluenceReport(blocks=pd.concat([r.blocks for r in reports], ignore_index=True),
-                             layers=pd.concat([r.layers for r in reports], ignore_index=True),
-                             num_layers=reports[0].num_layers, meta={"passes": [r.meta for r in reports]})
-    return {"model": _ui.current_key(), "report": report, "protocol": fit.protocol}
+    return {"model": _ui.current_key(), "report": merged(reports), "protocol": fit.protocol}
+
+
+def merged(reports: list) -> InfluenceReport:
+    """One report from the cheap pass (every n) and the recoverability pass (chosen n)."""
+    return InfluenceReport(blocks=pd.concat([r.blocks for r in reports], ignore_index=True),
+                           layers=pd.concat([r.layers for r in reports], ignore_index=True),
+                           num_layers=reports[0].num_layers, meta={"passes": [r.meta for r in reports]})
 
 
 def on_bar_click() -> None:
@@ -77,6 +84,7 @@ def on_bar_click() -> None:
 
 
 def on_multiselect() -> None:
+    """Multiselect callback: its list is the selection."""
     _ui.set_selection(st.session_state["influence_layers"])
     st.session_state.pop(REASON, None)
 

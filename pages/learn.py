@@ -8,6 +8,7 @@ from pages import _charts, _ui
 
 
 def step_stream(lm, influence: dict | None) -> None:
+    """What flows between layers, with the user's per-layer influence when computed."""
     st.header("1 · The residual stream")
     n, d = num_layers(lm.model), hidden_size(lm.model)
     st.markdown(f"Each token travels through the model as a vector of **{d}** numbers, the *residual "
@@ -26,6 +27,7 @@ def step_stream(lm, influence: dict | None) -> None:
 
 
 def step_pruning(lm, stored: dict, evaluated: dict | None) -> None:
+    """The discrepancy Δ a gap leaves, sized on the user's tokens and perplexities."""
     st.header("2 · What pruning breaks")
     errors, spectra = stored["frames"]["errors"], stored["frames"]["spectra"]
     boundary = spectra.boundary.iloc[0]
@@ -54,6 +56,7 @@ def step_pruning(lm, stored: dict, evaluated: dict | None) -> None:
 
 
 def step_least_squares(stored: dict) -> None:
+    """The normal equations and what their solution did on the user's run."""
     st.header("3 · The least-squares problem and its closed form")
     st.markdown("Look for a linear map that puts Δ back from what the next layer still sees, X:")
     st.latex(r"\min_M \|XM - \Delta\|_F^2 + \varepsilon\|M\|_F^2 \;\Rightarrow\; (X^\top X + \varepsilon I)\,M "
@@ -74,6 +77,7 @@ def step_least_squares(stored: dict) -> None:
 
 
 def step_restricted(stored: dict) -> None:
+    """Why smaller families of maps (LinearPatch, ReplaceMe) leave more of Δ behind."""
     st.header("4 · Why restricted operators do worse")
     st.markdown("Other training-free methods search a smaller family of maps: LinearPatch scales "
                 "channels (a diagonal, possibly in a Hadamard basis: a symmetric map); ReplaceMe changes "

@@ -9,7 +9,7 @@ from ghosted.pipeline import RunConfig, split_calibration
 from ghosted.prune import format_layers
 from ghosted.recover import METHODS, recover
 from ghosted.text import calibration_windows
-from pages import _charts, _ui
+from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost", "replaceme-ls")  # the paper's method and its closest baseline
 
@@ -17,18 +17,20 @@ DEFAULT_METHODS = ("ghost", "replaceme-ls")  # the paper's method and its closes
 def settings_form(cfg) -> dict | None:
     """Calibration settings; returns them (with a text resolver) when the form is submitted."""
     fittable = [m for m in METHODS if m != "none"]
-    kind = _ui.text_kind(cfg, "bundled:news", "calib", "Calibration text")
+    kind = _text.text_kind(cfg, "bundled:news", "calib", "Calibration text")
     with st.form("calibrate_form"):
-        text = _ui.text_inputs(cfg, kind, "calib")
+        text = _text.text_inputs(cfg, kind, "calib")
         cols = st.columns(4)
-        n_seqs = cols[0].number_input("Sequences", 1, 4096, 32, key="calib_n", help="windows the operators are fitted on")
+        n_seqs = cols[0].number_input("Sequences", 1, 4096, 32, key="calib_n",
+                                      help="windows the operators are fitted on")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="calib_len")
         heldout = cols[2].number_input("Held-out sequences", 0, 1024, 4, key="calib_heldout",
                                        help="extra windows never fitted: the held-out errors")
         seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, key="calib_seed", help="which windows are drawn")
         if cfg.max_calib_tokens:
             st.caption(f"This deployment allows at most {cfg.max_calib_tokens:,} calibration tokens.")
-        methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable, key="calib_methods",
+        methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
+                                 key="calib_methods",
                                  default=[m for m in DEFAULT_METHODS if m in fittable])
         mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True,
                         help="independent: every gap fitted on the dense model (paper); sequential: "
@@ -51,7 +53,7 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
     source = form["text"]()
     started = time.perf_counter()
     methods = ["none", *form["methods"]]
-    run_cfg = RunConfig(model=lm.source, calib=_ui.source_name(source), calib_seqs=form["n_seqs"],
+    run_cfg = RunConfig(model=lm.source, calib=_text.source_name(source), calib_seqs=form["n_seqs"],
                         seq_len=form["seq_len"], heldout_seqs=form["heldout"], seed=form["seed"],
                         drop=format_layers(layers), methods=["dense", *methods], ghost_mode=form["mode"],
                         granularity=form["granularity"], batch_size=form["batch"],
