@@ -19,16 +19,13 @@ PAGES = ["model", "influence", "recover", "compare", "export", "learn"]
 TIMEOUT = 600  # seconds per script run: the CPU is shared, calibration and evaluation are real
 
 
-@pytest.fixture(autouse=True)
-def _served_navigation(request, monkeypatch):
+def serve_navigation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Run pages the way a running server does once app.py has called ``st.navigation``.
 
     AppTest re-detects the ``pages/`` folder on every run and would start each run in Streamlit's
     legacy pages mode, the mode of only the very first request after a server start (covered by
     the tests marked ``legacy_pages``).
     """
-    if request.node.get_closest_marker("legacy_pages"):
-        return
     original = PagesManager.__init__
 
     def init(self, *args, **kwargs):
@@ -36,6 +33,12 @@ def _served_navigation(request, monkeypatch):
         PagesManager.uses_pages_directory = False
 
     monkeypatch.setattr(PagesManager, "__init__", init)
+
+
+@pytest.fixture(autouse=True)
+def _served_navigation(request, monkeypatch):
+    if not request.node.get_closest_marker("legacy_pages"):
+        serve_navigation(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

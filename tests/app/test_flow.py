@@ -7,8 +7,11 @@ Small settings keep it cheap on a shared CPU: 4 x 64 calibration tokens (+2 held
 import json
 
 import pytest
+import streamlit as st
+from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import calibrate, errors, figures, no_exception, open_page
+from tests.app.conftest import (ROOT, TIMEOUT, calibrate, errors, figures, no_exception, open_page,
+                                serve_navigation)
 
 METHODS = ["ghost", "replaceme-ls"]
 LAYERS = [20, 21, 22, 23]
@@ -17,13 +20,15 @@ LAYERS = [20, 21, 22, 23]
 @pytest.fixture(scope="module")
 def flow():
     """One session taken through the whole flow (module-scoped: it is the expensive part)."""
-    import streamlit as st
-    from streamlit.testing.v1 import AppTest
-
-    from tests.app.conftest import ROOT, TIMEOUT
-
     st.cache_resource.clear()
-    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    with pytest.MonkeyPatch.context() as patch:
+        serve_navigation(patch)
+        yield _run_flow(AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT))
+
+
+def _run_flow(at):
+    """Load, choose a block, calibrate small, evaluate small: the flow every test below inspects."""
+    at.run()
     at.button(key="model_load").click().run()  # the bundled model, as a first-time user would
     open_page(at, "influence")
     at.multiselect(key="influence_layers").set_value(LAYERS).run()
