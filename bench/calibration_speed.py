@@ -28,7 +28,7 @@ ensure_path()
 
 import torch  # noqa: E402
 
-from ghosted.calibrate import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
 from ghosted.capture import tap  # noqa: E402
 from ghosted.text import calibration_windows  # noqa: E402
 

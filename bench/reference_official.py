@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ghosted.arch import layers_of, num_layers
-from ghosted.prune import build_variant
+from ghosted.pruning import build_variant
 
 
 class _Recorder:

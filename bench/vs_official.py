@@ -28,7 +28,7 @@ ensure_path()
 import torch  # noqa: E402
 
 from bench.reference_official import official_ghost_operator, stack_bytes  # noqa: E402
-from ghosted.calibrate import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
 from ghosted.solve import ghost_operator  # noqa: E402
 from ghosted.text import calibration_windows  # noqa: E402
 

@@ -12,18 +12,13 @@ The functions a notebook needs, in the order one uses them::
     ghosted.save(run.results["ghost"].model, "out", lm, recipe=run)
     lm2 = ghosted.load("out")                             # the same model back
 
-Nothing heavy is imported until a function is called. ``calibrate``, ``influence``, ``prune``,
-``evaluate`` and ``generate`` are also the names of submodules: ``ghosted.prune`` is that module
-(``ghosted.prune.parse_layers`` works) and calling it runs the function documented below.
+Nothing heavy is imported until a function is called. The modules behind these functions have
+names of their own (``ghosted.calibration``, ``ghosted.layer_influence``, ``ghosted.pruning``,
+``ghosted.evaluation``, ``ghosted.generation``), so ``ghosted.prune`` is always the function.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
-import inspect
-import sys
-import types
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -64,7 +59,7 @@ def load(source: str | None = None, **options):
     return load_model(source, **options) if source is not None else load_model(**options)
 
 
-def _calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len: int = 256,
+def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len: int = 256,
               seed: int = 0):
     """Calibration text as ``TokenWindows``: ``n_seqs`` random windows of ``seq_len`` tokens.
 
@@ -81,10 +76,10 @@ def _calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_le
     return calibration_windows(_tokenizer_of(tokenizer), source, n_seqs, seq_len, seed)
 
 
-def _influence(model, windows, heldout=None, **config):
+def influence(model, windows, heldout=None, **config):
     """Layer-selection criteria of ``model`` on ``windows`` as an ``InfluenceReport``.
 
-    ``config`` are fields of ``ghosted.influence.InfluenceConfig`` (metrics, n_values, ...). By
+    ``config`` are fields of ``ghosted.layer_influence.InfluenceConfig`` (metrics, n_values, ...). By
     default every criterion of one forward pass is computed; without ``heldout`` windows the
     held-out ones are left out.
 
@@ -92,11 +87,12 @@ def _influence(model, windows, heldout=None, **config):
         >>> report = ghosted.influence(lm, calib, n_values=[7])
         >>> report.matrix("recoverability")                      # start × n, lower is better
     """
-    module = importlib.import_module("ghosted.influence")
+    from ghosted.layer_influence import CRITERIA, SINGLE_PASS, InfluenceConfig
+    from ghosted.layer_influence import influence as score_layers
+
     if heldout is None and "metrics" not in config:
-        config["metrics"] = [m for m in module.SINGLE_PASS if module.CRITERIA[m].cost != "heldout"]
-    cfg = module.InfluenceConfig(**config)
-    return module.influence(_model_of(model), windows, cfg, heldout=heldout, show_tqdm=False)
+        config["metrics"] = [m for m in SINGLE_PASS if CRITERIA[m].cost != "heldout"]
+    return score_layers(_model_of(model), windows, InfluenceConfig(**config), heldout=heldout, show_tqdm=False)
 
 
 def select(source, metric: str, n: int, windows=None, heldout=None, config=None):
@@ -127,7 +123,7 @@ def fit(model, drop, calib, methods=("ghost",), heldout=None, progress=None, **s
     """
     from dataclasses import fields
 
-    from ghosted.calibrate import CalibrationConfig
+    from ghosted.calibration import CalibrationConfig
     from ghosted.recover import RecoveryConfig, recover
 
     calib_names = {f.name for f in fields(CalibrationConfig)}
@@ -145,7 +141,7 @@ def fit(model, drop, calib, methods=("ghost",), heldout=None, progress=None, **s
                    show_tqdm=False)
 
 
-def _prune(model, drop):
+def prune(model, drop):
     """A new model without layers ``drop`` (e.g. "20-26" or [3, 7]), sharing the kept weights.
 
     Plain pruning, no recovery (``fit`` gives recovered models).
@@ -154,12 +150,12 @@ def _prune(model, drop):
         >>> pruned = ghosted.prune(lm, "20-26")
         >>> pruned.config.num_hidden_layers                      # 23 for SmolLM2's 30 layers
     """
-    from ghosted.prune import prune as prune_layers
+    from ghosted.pruning import prune as prune_layers
 
     return prune_layers(_model_of(model), drop)
 
 
-def _evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384, seq_len: int = 512,
+def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384, seq_len: int = 512,
              batch_size: int = 4):
     """Perplexity of ``model`` as a ``PerplexityResult`` (ppl, nll, scored tokens, protocol).
 
@@ -171,7 +167,7 @@ def _evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 1638
         >>> print(ghosted.evaluate(run.results["ghost"].model, lm, tokens=4096))
         PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
     """
-    from ghosted.evaluate import perplexity
+    from ghosted.evaluation import perplexity
     from ghosted.text import evaluation_windows
 
     data = model if data is None else data
@@ -181,7 +177,7 @@ def _evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 1638
     return perplexity(_model_of(model), windows, batch_size=batch_size, show_tqdm=False)
 
 
-def _generate(model, tokenizer, prompts, **overrides):
+def generate(model, tokenizer, prompts, **overrides):
     """Continue each prompt (greedy by default); returns the new text of each.
 
     ``tokenizer`` may be a ``LoadedModel``; ``overrides`` are ``GenerationConfig`` fields
@@ -191,7 +187,7 @@ def _generate(model, tokenizer, prompts, **overrides):
         >>> ghosted.generate(model, lm, "The capital of France is", max_new_tokens=10)
         [' Paris, ...']
     """
-    from ghosted.generate import generate as continue_prompts
+    from ghosted.generation import generate as continue_prompts
 
     return continue_prompts(_model_of(model), _tokenizer_of(tokenizer), prompts, **overrides)
 
@@ -232,51 +228,5 @@ def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):
     return load_saved(path, device=device, dtype=dtype, **options)
 
 
-# ------------------------------------------------------------------ names shared with submodules
-_CALLABLE_SUBMODULES = {"calibrate": _calibrate, "influence": _influence, "prune": _prune,
-                        "evaluate": _evaluate, "generate": _generate}
 __all__ = ["load", "calibrate", "influence", "select", "fit", "prune", "evaluate", "generate",
            "save", "save_recovered", "load_recovered", "__version__"]
-
-
-class _CallableModule(types.ModuleType):
-    """A submodule that can also be called, so ``ghosted.prune`` is both the module and the API."""
-
-
-def _callable(module: types.ModuleType, function) -> types.ModuleType:
-    """Give ``module`` a ``__call__`` running ``function`` (module attributes are unchanged)."""
-    if not isinstance(module, _CallableModule):
-        @functools.wraps(function)
-        def call(self, *args, **kwargs):
-            return function(*args, **kwargs)
-        call.__name__ = call.__qualname__ = module.__name__.rsplit(".", 1)[-1]
-        signature = inspect.signature(function)  # shown for ghosted.prune? / help: no ``self``
-        call.__signature__ = signature.replace(parameters=[
-            inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY), *signature.parameters.values()])
-        module.__class__ = type(f"Callable_{call.__name__}", (_CallableModule,), {"__call__": call})
-    return module
-
-
-class _Package(types.ModuleType):
-    """The ``ghosted`` package: when Python binds a submodule named like an API function, the
-    submodule becomes callable instead of hiding the function."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _CALLABLE_SUBMODULES and isinstance(value, types.ModuleType):
-            value = _callable(value, _CALLABLE_SUBMODULES[name])
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
-def __getattr__(name: str):
-    """``ghosted.prune`` and the like: import the submodule, which ``_Package`` makes callable."""
-    if name in _CALLABLE_SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(__all__) | {name for name in globals() if not name.startswith("_")} - {
-        "annotations", "functools", "importlib", "inspect", "sys", "types", "Path"})

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 from ghosted.arch import get_path, num_layers, spec_for
-from ghosted.calibrate import Gap
+from ghosted.calibration import Gap
 from ghosted.patch import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator, attach_branch_operator,
                            attach_stream_operators, fold_branch_operator, site_for_gap)
-from ghosted.prune import build_variant
+from ghosted.pruning import build_variant
 from ghosted.sinks import SinkContext, SinkMap, SinkRule
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ghosted.arch import hidden_of, layers_of, num_layers, spec_for
-from ghosted.prune import build_variant, shallow_clone
+from ghosted.pruning import build_variant, shallow_clone
 
 
 class StopForward(Exception):

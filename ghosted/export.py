@@ -31,7 +31,7 @@ from torch import nn
 from ghosted.arch import layers_of, spec_for
 from ghosted.patch import (BranchOperator, PatchSite, StreamOperator, attach_branch_operator,
                            attach_stream_operators, operators_of)
-from ghosted.prune import format_layers, original_indices
+from ghosted.pruning import format_layers, original_indices
 
 OPERATORS_FILE = "ghosted_operators.safetensors"
 RECIPE_FILE = "ghosted_recipe.json"

@@ -26,10 +26,10 @@ import pandas as pd
 from torch import nn
 
 from ghosted.assets import BUNDLED_MODEL
-from ghosted.calibrate import CalibrationConfig
-from ghosted.evaluate import perplexity
+from ghosted.calibration import CalibrationConfig
+from ghosted.evaluation import perplexity
 from ghosted.loading import LoadedModel, load_model
-from ghosted.prune import format_layers
+from ghosted.pruning import format_layers
 from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
 from ghosted.shared_eval import perplexities
 from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
@@ -47,7 +47,7 @@ class GridConfig:
 
     model: str = BUNDLED_MODEL  # bundled model, local folder, .gguf file or hub id
     selections: list[str] = field(default_factory=lambda: ["streamline", "shortgpt"])  # ALIASES keys
-    # or any ghosted.influence.CRITERIA name (e.g. streamline_cosine, block_influence)
+    # or any ghosted.layer_influence.CRITERIA name (e.g. streamline_cosine, block_influence)
     n_values: list[int] = field(default_factory=lambda: [7, 11])  # layers removed (paper: 7 and 11 of 32)
     methods: list[str] = field(default_factory=lambda: ["dense", *METHODS])  # every method
     calib: str = "bundled:news"  # calibration text (paper: C4 train)
@@ -99,7 +99,7 @@ def capped_evaluation_windows(tokenizer, source: str, n_tokens: int, seq_len: in
 
 def choose_layers(model: nn.Module, cfg: GridConfig, fit, held) -> dict[tuple[str, int], tuple[list[int], str]]:
     """(selection, n) -> (layers, reason), every criterion from one influence pass."""
-    from ghosted.influence import InfluenceConfig, influence
+    from ghosted.layer_influence import InfluenceConfig, influence
     from ghosted.selection import select
 
     criteria = list(dict.fromkeys(cfg.criterion(s) for s in cfg.selections))

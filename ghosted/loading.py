@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ghosted.assets import BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_sha256
+from ghosted.assets import BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_sha256
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

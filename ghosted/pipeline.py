@@ -15,9 +15,9 @@ import torch
 
 from ghosted import __version__
 from ghosted.assets import BUNDLED_MODEL
-from ghosted.calibrate import CalibrationConfig
+from ghosted.calibration import CalibrationConfig
 from ghosted.loading import LoadedModel, load_model
-from ghosted.prune import format_layers, parse_layers
+from ghosted.pruning import format_layers, parse_layers
 from ghosted.recover import RecoveryConfig, RecoveryRun, recover
 from ghosted.shared_eval import perplexities
 from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
@@ -41,7 +41,7 @@ class RunConfig:
     dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
     seed: int = 0  # which calibration windows are drawn
     drop: str = ""  # layers to remove, 0-based, e.g. "20-26" or "3,7,9-11"
-    select: str = ""  # or: choose the layers by this influence criterion (ghosted.influence.CRITERIA)
+    select: str = ""  # or: choose the layers by this influence criterion (ghosted.layer_influence.CRITERIA)
     n: int = 0  # how many layers ``select`` removes
     methods: list[str] = field(default_factory=lambda: ["dense", "none", "ghost"])
     ghost_mode: str = "independent"  # or "sequential"
@@ -125,7 +125,7 @@ def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | 
         return parse_layers(cfg.drop, num_layers(lm.model)), None
     if cfg.drop:
         raise ValueError("Give either layers to drop or a criterion to select them with, not both.")
-    from ghosted.influence import InfluenceConfig
+    from ghosted.layer_influence import InfluenceConfig
     from ghosted.selection import select
 
     calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)

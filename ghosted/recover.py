@@ -28,8 +28,8 @@ from torch import nn
 from ghosted import diagnostics, solve
 from ghosted.arch import num_layers
 from ghosted.assemble import GapFit, assemble
-from ghosted.calibrate import CalibrationConfig, Gap, collect_stats, gaps_of
-from ghosted.prune import build_variant, parse_layers
+from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
+from ghosted.pruning import build_variant, parse_layers
 from ghosted.robust import fit_robust
 from ghosted.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.stats import BoundaryStats
@@ -266,7 +266,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
 
 def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stage, show_tqdm, done):
     """Greedy per-gap choice between the paper's fit and the robust one by held-out NLL."""
-    from ghosted.evaluate import perplexity
+    from ghosted.evaluation import perplexity
 
     paper = {g: (done["ghost"].fits[g] if "ghost" in done and g in done["ghost"].fits
                  else _fit_plain("ghost", stats[g], cfg)) for g in gaps}

@@ -15,8 +15,8 @@ import math
 
 import pandas as pd
 
-from ghosted.influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
-from ghosted.prune import format_layers
+from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
+from ghosted.pruning import format_layers
 
 _TAYLOR_PLUS_FIRST, _TAYLOR_PLUS_LAST = 4, 2  # Shortened-LLaMA keeps layers 0-3 and the last two
 

@@ -36,8 +36,8 @@ from tqdm.auto import tqdm
 
 from ghosted.arch import embedding_of, layers_of, num_layers
 from ghosted.capture import input_device, tap
-from ghosted.evaluate import PerplexityResult, model_dtype_device, nll_from_logits, perplexity
-from ghosted.prune import build_variant, original_indices
+from ghosted.evaluation import PerplexityResult, model_dtype_device, nll_from_logits, perplexity
+from ghosted.pruning import build_variant, original_indices
 
 Progress = Callable[[int, int], None]  # (batches done, batches total)
 

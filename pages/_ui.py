@@ -20,14 +20,14 @@ from ghosted.arch import describe, layer_param_count, num_layers
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.deploy import DeployConfig, from_env
 from ghosted.loading import LoadedModel, ModelLoadError, load_model, source_kind
-from ghosted.prune import format_layers
+from ghosted.pruning import format_layers
 from ghosted.text import SourceUnavailableError
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
 SELECTION = "ghosted.selection"  # list[int]: the layers to drop
 REASON = "ghosted.selection_reason"  # str: why a preset chose the selection
-INFLUENCE = "ghosted.influence"  # dict: model key, settings and the influence report
+INFLUENCE = "ghosted.layer_influence"  # dict: model key, settings and the influence report
 RUN = "ghosted.run"  # dict: model key, settings, RecoveryRun and its frames
 EVAL = "ghosted.eval"  # dict: perplexity table and protocol of the current run
 GENERATIONS = "ghosted.generations"  # dict: prompts and each variant's continuations

@@ -4,8 +4,8 @@ import pandas as pd
 import streamlit as st
 
 from ghosted.arch import describe
-from ghosted.evaluate import forward_latency, perplexity
-from ghosted.generate import GenerationConfig, generate
+from ghosted.evaluation import forward_latency, perplexity
+from ghosted.generation import GenerationConfig, generate
 from ghosted.text import evaluation_windows
 from pages import _charts, _text, _ui
 

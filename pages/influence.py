@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from ghosted.arch import num_layers
-from ghosted.influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
+from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
 from ghosted.pipeline import split_calibration
 from ghosted.selection import select
 from ghosted.text import calibration_windows

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ghosted.arch import hidden_size, num_layers
-from ghosted.prune import format_layers
+from ghosted.pruning import format_layers
 from pages import _charts, _ui
 
 

@@ -6,7 +6,7 @@ import streamlit as st
 
 from ghosted.arch import hidden_size
 from ghosted.pipeline import RunConfig, split_calibration
-from ghosted.prune import format_layers
+from ghosted.pruning import format_layers
 from ghosted.recover import METHODS, recover
 from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui

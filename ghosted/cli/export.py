@@ -38,10 +38,10 @@ def add_parser(sub) -> None:
 
 def handle(args) -> int:
     from ghosted.arch import num_layers
-    from ghosted.calibrate import CalibrationConfig
+    from ghosted.calibration import CalibrationConfig
     from ghosted.export import save_recovered
     from ghosted.pipeline import split_calibration
-    from ghosted.prune import parse_layers
+    from ghosted.pruning import parse_layers
     from ghosted.recover import RecoveryConfig, recover
     from ghosted.text import calibration_windows
 

@@ -13,7 +13,7 @@ GROUPS = {"single": "every criterion of the one shared forward pass (incl. recov
 
 
 def add_parser(sub) -> None:
-    from ghosted.influence import CRITERIA
+    from ghosted.layer_influence import CRITERIA
 
     p = sub.add_parser("influence", help="score every layer and contiguous block by each selection criterion",
                        description="Compute layer-selection criteria (ShortGPT, Gromov angular distance, "
@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
 
 def parse_metrics(text: str, with_heldout: bool) -> list[str]:
     """Expand groups and check names; ``recoverability_heldout`` needs held-out windows."""
-    from ghosted.influence import CRITERIA, SINGLE_PASS
+    from ghosted.layer_influence import CRITERIA, SINGLE_PASS
 
     names: list[str] = []
     for part in filter(None, (x.strip() for x in text.split(","))):
@@ -69,9 +69,9 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 def handle(args) -> int:
     from ghosted.arch import num_layers
-    from ghosted.influence import InfluenceConfig, influence
+    from ghosted.layer_influence import InfluenceConfig, influence
     from ghosted.pipeline import split_calibration
-    from ghosted.prune import parse_layers
+    from ghosted.pruning import parse_layers
     from ghosted.selection import selections
     from ghosted.text import calibration_windows
 
@@ -100,7 +100,7 @@ def handle(args) -> int:
 
 def _recoverability_n(text: str, n_values: list[int] | None, total: int) -> list[int] | None:
     """Block sizes for recoverability from --recoverability-n (None: the same as --n-values)."""
-    from ghosted.prune import parse_layers
+    from ghosted.pruning import parse_layers
 
     if text == "all" or (text == "auto" and n_values):
         return None

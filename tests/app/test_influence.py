@@ -17,7 +17,7 @@ def measured(app):
 
 
 def test_charts_show_the_report(measured):
-    report = measured.session_state["ghosted.influence"]["report"]
+    report = measured.session_state["ghosted.layer_influence"]["report"]
     heat, bars = figures(measured)[:2]
     assert heat["data"][0]["type"] == "heatmap"
     streamline = report.blocks[report.blocks.metric == "streamline_cosine"]

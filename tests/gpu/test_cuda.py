@@ -43,7 +43,7 @@ def test_statistics_are_float64_on_the_gpu(gpu_run):
 
 
 def test_ghost_recovers_perplexity_on_cuda(gpu_model, gpu_run):
-    from ghosted.evaluate import perplexity
+    from ghosted.evaluation import perplexity
     from ghosted.text import evaluation_windows
 
     windows = evaluation_windows(gpu_model.tokenizer, "bundled:wiki", 8192, 512)
@@ -56,7 +56,7 @@ def test_ghost_recovers_perplexity_on_cuda(gpu_model, gpu_run):
 
 
 def test_generation_on_cuda(gpu_model, gpu_run):
-    from ghosted.generate import generate
+    from ghosted.generation import generate
 
     for method in ("none", "ghost", "replaceme-ls"):
         text = generate(gpu_run.results[method].model, gpu_model.tokenizer, "The capital of France is",
@@ -80,7 +80,7 @@ def test_save_and_load_on_cuda(gpu_model, gpu_run, tmp_path):
 def test_tiny_model_split_over_gpu_cpu_and_disk(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ghosted.evaluate import perplexity
+    from ghosted.evaluation import perplexity
     from ghosted.recover import recover
     from ghosted.text import TokenWindows
     from tests.tiny import random_ids, tiny_model

@@ -4,12 +4,11 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ghosted.arch import describe, num_layers
-from ghosted.evaluate import perplexity
-from ghosted.generate import generate
-from ghosted.prune import prune
+from ghosted.evaluation import perplexity
+from ghosted.generation import generate
+from ghosted.pruning import prune
 from ghosted.recover import recover
 from ghosted.text import calibration_windows, evaluation_windows
 
@@ -59,6 +58,18 @@ def test_greedy_generation_is_deterministic_and_uses_chat_template(bundled):
     chat = generate(bundled.model, bundled.tokenizer, ["What is the capital of France?"], max_new_tokens=12,
                     chat=True)
     assert "Paris" in chat[0]
+
+
+def test_generation_leaves_the_shared_tokenizer_and_config_alone(bundled):
+    from ghosted.generation import GenerationConfig
+
+    side = bundled.tokenizer.padding_side
+    config = GenerationConfig()
+    prompts = ["The capital of France is", "Albert Einstein was a German-born physicist who"]
+    batched = generate(bundled.model, bundled.tokenizer, prompts, config, max_new_tokens=6)
+    assert bundled.tokenizer.padding_side == side and config.max_new_tokens == GenerationConfig.max_new_tokens
+    # left padding really happened: the short prompt continues as it does alone
+    assert batched[0] == generate(bundled.model, bundled.tokenizer, prompts[0], max_new_tokens=6)[0]
 
 
 def test_recovered_bundled_model_generates_with_kv_cache(bundled):

@@ -15,7 +15,7 @@ from accelerate import dispatch_model
 from transformers import AutoModelForCausalLM
 
 from ghosted.capture import input_device
-from ghosted.evaluate import perplexity
+from ghosted.evaluation import perplexity
 from ghosted.export import load_recovered, save_recovered
 from ghosted.recover import RecoveryConfig, recover
 from ghosted.text import TokenWindows

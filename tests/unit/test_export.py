@@ -184,7 +184,7 @@ def test_load_recovered_refuses_a_folder_without_a_model(tmp_path):
 
 @pytest.mark.slow
 def test_bundled_model_with_seven_layers_dropped(bundled, tmp_path):
-    from ghosted.generate import generate
+    from ghosted.generation import generate
     from ghosted.text import calibration_windows, evaluation_windows
 
     calib = calibration_windows(bundled.tokenizer, "bundled:news", 8, 128)  # 1024 tokens

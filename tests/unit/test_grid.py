@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 
 from ghosted import grid as grid_module
-from ghosted.evaluate import perplexity
+from ghosted.evaluation import perplexity
 from ghosted.grid import GridConfig, applicable, capped_evaluation_windows, run_grid, to_markdown
 from ghosted.loading import LoadedModel
-from ghosted.prune import format_layers, prune
+from ghosted.pruning import format_layers, prune
 from ghosted.recover import BRANCH_METHODS, METHODS
 from tests.tiny import VOCAB, tiny_model
 
@@ -64,7 +64,7 @@ def test_every_setting_method_and_text_has_a_row(tiny_grid):
 
 
 def test_layers_are_the_criteria_choices(tiny_grid):
-    from ghosted.influence import InfluenceConfig, influence
+    from ghosted.layer_influence import InfluenceConfig, influence
     from ghosted.pipeline import split_calibration
     from ghosted.selection import select
     from ghosted.text import calibration_windows

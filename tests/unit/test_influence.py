@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from ghosted.arch import get_path, layers_of, spec_for, with_hidden
-from ghosted.calibrate import CalibrationConfig, Gap, collect_stats
-from ghosted.influence import CRITERIA, SINGLE_PASS, InfluenceConfig, InfluenceReport, influence
+from ghosted.calibration import CalibrationConfig, Gap, collect_stats
+from ghosted.layer_influence import CRITERIA, SINGLE_PASS, InfluenceConfig, InfluenceReport, influence
 from ghosted.influence_pass import GramSums, TokenWeightedSums, gram_bytes, last_valid_index, recoverability
 from ghosted.selection import select, selections
 from ghosted.solve import ghost_operator, relative_error, stream_error

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ghosted.arch import layers_of
-from ghosted.calibrate import CalibrationConfig, Gap, collect_stats
+from ghosted.calibration import CalibrationConfig, Gap, collect_stats
 from ghosted.capture import tap
 from ghosted.patch import operators_of
 from ghosted.recover import RecoveryConfig, recover
@@ -155,7 +155,7 @@ def test_sequential_mode_fits_on_the_patched_stream():
 def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ghosted.prune import prune
+    from ghosted.pruning import prune
 
     model = tiny_model("llama", layers=8)
     pruned = prune(model, [0])

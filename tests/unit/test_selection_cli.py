@@ -13,7 +13,7 @@ import pytest
 
 from ghosted.cli import main
 from ghosted.cli.influence import _recoverability_n, parse_metrics
-from ghosted.influence import CRITERIA, InfluenceConfig, influence
+from ghosted.layer_influence import CRITERIA, InfluenceConfig, influence
 from ghosted.pipeline import split_calibration
 from ghosted.selection import select
 from ghosted.text import calibration_windows

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ghosted.arch import embedding_of, layers_of
-from ghosted.evaluate import perplexity
+from ghosted.evaluation import perplexity
 from ghosted.recover import BRANCH_METHODS, METHODS, recover
 from ghosted.shared_eval import SuffixView, perplexities, shared_prefix_length
 from ghosted.text import TokenWindows

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ghosted.arch import layers_of
-from ghosted.prune import prune
+from ghosted.pruning import prune
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval_tiny"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -29,8 +29,10 @@ def _encode(tokenizer, prompts: list[str], chat: bool) -> dict:
             raise ValueError("This tokenizer has no chat template; turn the chat option off.")
         prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                  add_generation_prompt=True) for p in prompts]
-    tokenizer.padding_side = "left"  # decoder-only models continue from the right edge
-    return tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not chat)
+    # Left padding: decoder-only models continue from the right edge. Passed per call, so a
+    # tokenizer shared with other sessions keeps its own setting.
+    return tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                     add_special_tokens=not chat)
 
 
 @torch.no_grad()
@@ -42,9 +44,7 @@ def generate(model: nn.Module, tokenizer, prompts: list[str] | str,
         >>> generate(model, tok, ["Albert Einstein was"], max_new_tokens=20)
         [' a German-born physicist who ...']
     """
-    cfg = config or GenerationConfig()
-    for key, value in overrides.items():
-        setattr(cfg, key, value)
+    cfg = replace(config or GenerationConfig(), **overrides)  # the caller's config is left as it was
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or any(not p.strip() for p in prompts):
         raise ValueError("Every prompt must contain some text.")
