@@ -3,6 +3,8 @@
 Each (contender, size) runs in a fresh process that loads and warms up the model, then resets its
 peak-RSS mark and reports how far resident memory rose during calibration (``measured``). Contenders:
   * ``ghosted, ghost statistics``: float64 XᵀX, XᵀΔ only; nothing grows with the token count;
+  * ``ghosted, every sum``: the statistics of every closed-form method (ghost, ReplaceMe-LS,
+    LinearPatch diagonal and rotated): d x d and d-sized float64 sums only;
   * ``ghosted, all methods``: plus ReplaceMe's token reservoir for the cosine fit, a uniform sample
     of at most ``reservoir_tokens`` rows (16,384 by default: up to 2 x 16,384 x d float32), so it
     grows until that cap and is flat beyond it;
@@ -34,17 +36,19 @@ from ghosted.text import calibration_windows  # noqa: E402
 
 GAP = Gap(20, 27)
 SIZES = (1, 4, 16)  # multiples of the base calibration size
-CONTENDERS = ("ghosted, ghost statistics", "ghosted, all methods", "official approach")
+CONTENDERS = ("ghosted, ghost statistics", "ghosted, every sum", "ghosted, all methods", "official approach")
 
 
 def contenders(model) -> dict:
     """name -> fn(windows), each returning nothing large (only the peak matters)."""
     ghost_cfg = CalibrationConfig(replaceme=False, linearpatch=False, reservoir_tokens=0)
+    sums_cfg = CalibrationConfig(reservoir_tokens=0)
     all_cfg = CalibrationConfig()
 
     def ours(cfg):
         return lambda w: collect_stats(model, w, [GAP], cfg, show_tqdm=False) and None
-    return {"ghosted, ghost statistics": ours(ghost_cfg), "ghosted, all methods": ours(all_cfg),
+    return {"ghosted, ghost statistics": ours(ghost_cfg), "ghosted, every sum": ours(sums_cfg),
+            "ghosted, all methods": ours(all_cfg),
             "official approach": lambda w: official_ghost_operator(model, w, GAP.start, GAP.end) is None}
 
 
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"({tokens} tokens), batch 4; peak RSS growth in MiB, one fresh process per cell.\n\n"
             + table(["contender", *(f"{s}x ({s * tokens} tokens)" for s in SIZES), "16x / 1x"], rows)
             + "\n\nReading: a ratio of 1 is flat. Ghost statistics hold the activations of one batch plus "
-              "d x d float64 sums, whatever the size. With all methods, ReplaceMe-cosine's token reservoir "
+              "d x d float64 sums, whatever the size; so do the sums of every closed-form method (ghost, ReplaceMe-LS, LinearPatch). With all methods, ReplaceMe-cosine's token reservoir "
               "grows with the tokens seen up to its cap (16,384 rows of m and Δ + m in float32: 72 MiB at "
               "d = 576; it grows by concatenation, so its peak is briefly twice that), then stays flat. "
               "The official approach keeps every token of both boundaries, and float64 copies of them.")

@@ -89,3 +89,24 @@ def token_share_frame(stats: BoundaryStats) -> pd.DataFrame:
          "delta_share": 1 - sink / total,
          "per_token_share": (1 - sink / total) / max(stats.n_tokens - stats.sink.n_tokens, 1)},
     ])
+
+
+def position_share_frame(stats: BoundaryStats) -> pd.DataFrame:
+    """Per window position: its share of ‖Δ‖² and the RMS norm of Δ there (where the mismatch sits)."""
+    if stats.position_dtd is None or not len(stats.position_dtd):
+        return pd.DataFrame()
+    dtd, count = stats.position_dtd.double().cpu(), stats.position_tokens.double().cpu()  # (T,), (T,)
+    total = float(dtd.sum())
+    return pd.DataFrame({"boundary": f"{stats.start}-{stats.end}", "position": np.arange(len(dtd)),
+                         "delta_share": (dtd / total).numpy() if total > 0 else np.nan,
+                         "rms_delta": (dtd / count.clamp_min(1)).sqrt().numpy(), "tokens": count.numpy()})
+
+
+def sink_spectra_frame(stats: BoundaryStats) -> pd.DataFrame:
+    """Singular values of Δ over all tokens, without the sink tokens, and over the sinks alone."""
+    if stats.sink is None:
+        return pd.DataFrame()
+    grams = {"all tokens": stats.dtd, "without sinks": stats.dtd - stats.sink.dtd, "sinks only": stats.sink.dtd}
+    return pd.concat([pd.DataFrame({"boundary": f"{stats.start}-{stats.end}", "tokens": name,
+                                    "index": np.arange(stats.dim), "singular_value": singular_values(gram)})
+                      for name, gram in grams.items()], ignore_index=True)

@@ -60,6 +60,8 @@ class RecoveryConfig:
     sink_norm_factor: float | None = None  # robust methods: also tokens with ‖x‖ > factor × median
     sink_map: str = "constant"  # what sinks become: "constant" (mean X_post) or "affine"
     choose_ridge: bool = True  # robust methods: pick the ridge on held-out calibration tokens
+    report_sinks: bool = True  # keep sink sub-statistics for the sink report even when no robust
+    # method is fitted (one more set of d x d sums; the plain fits do not change)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
 
     def sink_rule(self) -> SinkRule:
@@ -121,9 +123,31 @@ class RecoveryRun:
                              for name, r in self.results.items() for g, f in r.fits.items()
                              if f.stream is not None])
 
+    def boundary_stats(self) -> list[BoundaryStats]:
+        """The calibration statistics of each gap, once per gap (every method shares them)."""
+        found = {(g.start, g.end): s for r in self.results.values() for g, s in r.stats.items()}
+        return [found[k] for k in sorted(found)]
+
+    def token_shares(self) -> pd.DataFrame:
+        """Per gap: share of ‖Δ‖² carried by the sink tokens and by the others, in all and per token."""
+        return _concat(diagnostics.token_share_frame(s) for s in self.boundary_stats())
+
+    def sink_spectra(self) -> pd.DataFrame:
+        """Per gap: singular values of Δ over all tokens, without the sinks, and over the sinks alone."""
+        return _concat(diagnostics.sink_spectra_frame(s) for s in self.boundary_stats())
+
+    def position_shares(self) -> pd.DataFrame:
+        """Per gap and window position: share of ‖Δ‖² and RMS ‖Δ‖ (the sink shows as a spike)."""
+        return _concat(diagnostics.position_share_frame(s) for s in self.boundary_stats())
+
     def choices(self) -> pd.DataFrame:
         """What ``ghost-auto`` and the robust ridge search chose, per gap, and why."""
         return pd.DataFrame([c for r in self.results.values() for c in r.choices])
+
+
+def _concat(frames) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def resolve_gaps(dropped: list[int], granularity: str) -> list[Gap]:
@@ -209,7 +233,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     stream_gaps = resolve_gaps(dropped, cfg.granularity)
     block_gaps = gaps_of(dropped, "block")
     wants_branch = any(m in BRANCH_METHODS for m in methods)
-    wants_sinks = any(m in SINK_METHODS for m in methods)
+    wants_sinks = cfg.report_sinks or any(m in SINK_METHODS for m in methods)
     calib_cfg = replace(cfg.calibration, replaceme=wants_branch,
                         reservoir_tokens=cfg.calibration.reservoir_tokens if "replaceme-cos" in methods else 0)
     all_gaps = sorted(set(stream_gaps) | (set(block_gaps) if wants_branch else set()),
@@ -286,7 +310,7 @@ def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stag
         trial_nll = nll(trial)
         use_robust = trial_nll < best
         choices.append({"method": "ghost-auto", "boundary": f"{g.start}-{g.end}",
-                        "chosen": "robust" if use_robust else "paper", "nll_paper": best if not use_robust else None,
+                        "chosen": "robust" if use_robust else "paper", "nll_paper": best,
                         "nll_robust": trial_nll, "reason": f"held-out NLL {trial_nll:.4f} (robust) vs "
                         f"{best:.4f} (current) on {heldout_windows.input_ids.numel()} tokens"})
         if use_robust:

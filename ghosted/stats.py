@@ -107,6 +107,8 @@ class BoundaryStats:
     mtm: torch.Tensor | None = None  # (d, d) ΣmᵀM, m = MLP output of layer start−1
     mtd: torch.Tensor | None = None  # (d, d) ΣmᵀΔ
     sink: BoundaryStats | None = None  # additive stats restricted to sink tokens
+    position_dtd: torch.Tensor | None = None  # (T,) Σ over sequences of ‖Δ_t‖² at window position t
+    position_tokens: torch.Tensor | None = None  # (T,) valid tokens seen at each window position
     replaceme_samples: TokenReservoir | None = None  # uniform sample of (m, Δ+m) rows
 
     @property
@@ -124,6 +126,8 @@ class BoundaryStats:
             lp_ratio_sum=_add(self.lp_ratio_sum, other.lp_ratio_sum),
             lp_rot_ratio_sum=_add(self.lp_rot_ratio_sum, other.lp_rot_ratio_sum),
             sink=None if self.sink is None else self.sink.merge(other.sink),
+            position_dtd=_add_padded(self.position_dtd, other.position_dtd),
+            position_tokens=_add_padded(self.position_tokens, other.position_tokens),
             replaceme_samples=_merge_reservoirs(self.replaceme_samples, other.replaceme_samples),
         )
 
@@ -140,11 +144,12 @@ class BoundaryStats:
         """Statistics of the non-sink tokens: total − sink for every additive field.
 
         LinearPatch ratios are per-sequence means, not sums, so they cannot be split; they are
-        kept from the total. The reservoir mixes both token kinds, so it is dropped.
+        kept from the total. The reservoir and the per-position sums mix both token kinds, so they
+        are dropped.
         """
         sink = self.sink_only()
         sums = {name: _sub(getattr(self, name), getattr(sink, name)) for name in _ADDITIVE}
-        return replace(self, **sums, sink=None, replaceme_samples=None)
+        return replace(self, **sums, sink=None, replaceme_samples=None, position_dtd=None, position_tokens=None)
 
     def to(self, device: torch.device | str) -> BoundaryStats:
         """Copy of these statistics with every tensor on `device` (reservoir stays on CPU)."""
@@ -169,6 +174,8 @@ class BoundaryAccumulator:
         self.totals = _MomentSums(dim, self.device, with_mlp)
         self.sinks: _MomentSums | None = None  # created at the first update with a sink mask
         self.n_samples = 0
+        self.position_dtd = torch.zeros(0, dtype=torch.float64, device=self.device)  # (T,) grows with T
+        self.position_tokens = torch.zeros(0, dtype=torch.float64, device=self.device)  # (T,)
         zeros = torch.zeros(dim, dtype=torch.float64, device=self.device)  # (d,)
         rotate = lp and has_hadamard(dim)
         self.lp_ratio_sum = zeros.clone() if lp else None
@@ -188,6 +195,7 @@ class BoundaryAccumulator:
         m = None if m is None else self._float64(m)  # (B, T, d)
         valid = valid.to(self.device, torch.bool)  # (B, T)
         self.totals.add(x, y, m, valid)
+        self._add_positions(((y - x) ** 2).sum(-1) * valid, valid)  # (B, T) ‖Δ_t‖² of valid tokens
         if sink is not None:
             if self.sinks is None:
                 self.sinks = _MomentSums(self.dim, self.device, self.with_mlp)
@@ -206,6 +214,7 @@ class BoundaryAccumulator:
             lp_ratio_sum=_clone(self.lp_ratio_sum),
             lp_rot_ratio_sum=_clone(self.lp_rot_ratio_sum),
             replaceme_samples=None if self.reservoir is None else self.reservoir.copy(),
+            position_dtd=self.position_dtd.clone(), position_tokens=self.position_tokens.clone(),
         )
         if self.sinks is not None:
             stats.sink = BoundaryStats(
@@ -215,6 +224,11 @@ class BoundaryAccumulator:
 
     def _float64(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(device=self.device, dtype=torch.float64)
+
+    def _add_positions(self, delta_sq: torch.Tensor, valid: torch.Tensor) -> None:
+        """Add per-position sums over the batch; delta_sq, valid: (B, T)."""
+        self.position_dtd = _add_padded(self.position_dtd, delta_sq.sum(0))  # (T,)
+        self.position_tokens = _add_padded(self.position_tokens, valid.sum(0).to(torch.float64))  # (T,)
 
     def _add_linearpatch_ratios(self, x: torch.Tensor, y: torch.Tensor,
                                 valid: torch.Tensor) -> None:
@@ -280,6 +294,16 @@ def _check_compatible(a: BoundaryStats, b: BoundaryStats) -> None:
 
 def _add(a, b):  # None-propagating sum of two optional fields
     return None if a is None else a + b
+
+
+def _add_padded(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """Sum of two 1-D per-position vectors of possibly different lengths (None if either is)."""
+    if a is None or b is None:
+        return None
+    out = torch.zeros(max(len(a), len(b)), dtype=a.dtype, device=a.device)  # (max T,)
+    out[: len(a)] += a
+    out[: len(b)] += b.to(a.device)
+    return out
 
 
 def _sub(a, b):  # None-propagating difference of two optional fields

@@ -71,6 +71,33 @@ def spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
     return fig
 
 
+def position_share_bars(positions: pd.DataFrame, boundary: str, first: int = 64) -> go.Figure:
+    """Share of ‖Δ‖² at each window position (the first ``first`` positions), log scale."""
+    rows = positions[(positions.boundary == boundary) & (positions.position < first)]
+    uniform = 1.0 / max(len(positions[positions.boundary == boundary]), 1)
+    fig = go.Figure(go.Bar(x=rows.position.tolist(), y=rows.delta_share.clip(lower=1e-9).tolist(),
+                           marker_color=["#d62728" if v > 10 * uniform else "#6C4AB6" for v in rows.delta_share],
+                           hovertemplate="position %{x}: %{y:.3%} of ‖Δ‖²<extra></extra>"))
+    fig.add_hline(y=uniform, line_dash="dot", annotation_text="equal share", annotation_position="top right")
+    fig.update_layout(title=f"Share of ‖Δ‖² by position in the window, boundary {boundary}",
+                      xaxis_title="position", yaxis_title="share of ‖Δ‖²", yaxis_type="log",
+                      yaxis_exponentformat="power", **LAYOUT)
+    return fig
+
+
+def sink_spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
+    """Singular values of Δ over all tokens, without the sink tokens, and over the sinks alone."""
+    colors = {"all tokens": "#7f7f7f", "without sinks": "#6C4AB6", "sinks only": "#d62728"}
+    fig = go.Figure()
+    for tokens, part in spectra[spectra.boundary == boundary].groupby("tokens", sort=False):
+        fig.add_trace(go.Scatter(x=part["index"].tolist(), y=part.singular_value.clip(lower=1e-12).tolist(),
+                                 mode="lines", name=tokens, line=dict(color=colors.get(tokens))))
+    fig.update_layout(title=f"Singular values of Δ with and without the sink, boundary {boundary}",
+                      xaxis_title="index", yaxis_title="singular value", yaxis_type="log", yaxis_dtick=1,
+                      yaxis_exponentformat="power", **LAYOUT)
+    return fig
+
+
 def removed_bars(errors: pd.DataFrame) -> go.Figure:
     """Share of ‖Δ‖² each method removes, on fit and held-out tokens."""
     table = removed_table(errors)

@@ -99,6 +99,25 @@ def show_boundary(stored: dict) -> None:
     st.plotly_chart(_charts.spectra_lines(spectra, chosen), key="spectra_chart")
 
 
+def show_sinks(stored: dict) -> None:
+    """The sink report: how many tokens, where, and their share of ‖Δ‖² and of XᵀX, per gap."""
+    report = stored["frames"].get("sinks")
+    if report is None or not len(report):
+        return
+    with st.expander("Attention sinks at each boundary (why ghost-robust exists)"):
+        shown = report.assign(delta_share=(100 * report.delta_share).round(2),
+                              xtx_share=(100 * report.xtx_share).round(2))
+        st.dataframe(shown.rename(columns={"delta_share": "share of ‖Δ‖² %", "xtx_share": "share of XᵀX %"}),
+                     hide_index=True)
+        st.caption("Sink tokens: the first token of each window (and, if set, tokens whose norm exceeds a "
+                   "multiple of the median). RMS norms are of X (entering the removed block) and Y (leaving "
+                   "it). The Learn page explains what a large share does to the paper's fit.")
+        positions = stored["frames"].get("positions")
+        if positions is not None and len(positions):
+            boundary = report.boundary.iloc[0]
+            st.plotly_chart(_charts.position_share_bars(positions, boundary), key="sink_positions")
+
+
 @st.fragment
 def generations(lm, stored: dict) -> None:
     """Sample continuations side by side; reruns alone, the rest of the page stays as it is."""
@@ -150,4 +169,5 @@ if evaluated and evaluated["run_id"] == id(stored["run"]):
     st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
                "on this machine now.")
 show_boundary(stored)
+show_sinks(stored)
 generations(lm, stored)

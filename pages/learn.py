@@ -97,6 +97,57 @@ def step_restricted(stored: dict) -> None:
                     "(a rotation-like part, M ≠ Mᵀ). A diagonal or symmetric operator cannot express it.")
 
 
+def step_sinks(stored: dict, evaluated: dict | None) -> None:
+    """The attention sink: one token that can carry most of Δ, and what the robust fit does about it."""
+    st.header("5 · One token can carry the whole mismatch: the attention sink")
+    frames = stored["frames"]
+    shares, positions, spectra = frames.get("token_shares"), frames.get("positions"), frames.get("sink_spectra")
+    if shares is None or not len(shares):
+        st.caption("Run a calibration again to see the sink analysis of your run.")
+        return
+    boundary = shares.boundary.iloc[0]
+    sink = shares[(shares.boundary == boundary) & (shares.tokens == "sink")].iloc[0]
+    other = shares[(shares.boundary == boundary) & (shares.tokens == "other")].iloc[0]
+    st.markdown("Many models park a huge activation on the first token of every text, an *attention "
+                "sink* that other tokens attend to when they have nothing better to do. Its residual "
+                "stream can be a hundred times longer than any other token's.")
+    report = frames.get("sinks")
+    if report is not None and len(report):
+        row = report[report.boundary == boundary].iloc[0]
+        st.markdown(f"On your calibration text at boundary {boundary}, the sink tokens (position 0) have an RMS "
+                    f"norm of **{row.sink_rms_norm_x:,.0f}** before the removed layers and "
+                    f"**{row.sink_rms_norm_y:,.0f}** after them; the other tokens **{row.other_rms_norm_x:,.0f}** "
+                    f"and **{row.other_rms_norm_y:,.0f}**.")
+    ratio = sink.per_token_share / max(other.per_token_share, 1e-300)
+    st.markdown(f"The **{int(sink['count'])}** sink tokens carry **{sink.delta_share:.1%}** of ‖Δ‖²: each one "
+                f"**{ratio:,.0f}** times as much as an ordinary token.")
+    if positions is not None and len(positions):
+        st.plotly_chart(_charts.position_share_bars(positions, boundary), key="learn_positions")
+    if spectra is not None and len(spectra):
+        st.plotly_chart(_charts.sink_spectra_lines(spectra, boundary), key="learn_sink_spectra")
+        st.caption("If the red curve (sinks only) sits on top of the grey one (all tokens), the largest "
+                   "directions of Δ belong to the sink: a least-squares fit over all tokens spends itself "
+                   "on them.")
+    if sink.delta_share > 0.5:
+        st.markdown("Least squares minimises the *sum* of squared errors, so here it mostly fits the sink: "
+                    "W bends to move one vector and every ordinary token pays for it. **ghost-robust** fits W "
+                    "on the ordinary tokens only and gives the sink its own map (the mean of its target, "
+                    "which barely changes between texts); **ghost-auto** picks, per gap, the fit with the "
+                    "lower next-token loss on held-out calibration windows.")
+    else:
+        st.markdown("Here the sink carries a modest share of Δ, so the paper's fit is not dominated by it; "
+                    "the robust fit and the paper's should give similar results.")
+    fitted = [m for m in ("ghost", "ghost-robust", "ghost-auto") if m in stored["methods"]]
+    if evaluated and len(fitted) > 1:
+        ppl = evaluated["table"].set_index("variant").perplexity
+        st.markdown("Your perplexities: " + ", ".join(f"{m} **{ppl[m]:.2f}**" for m in fitted if m in ppl) + ".")
+    elif "ghost-robust" not in fitted and "ghost-auto" not in fitted:
+        st.info("Fit ghost-robust or ghost-auto next to ghost on Calibrate & recover to compare them.")
+    choices = frames.get("choices")
+    if choices is not None and len(choices) and "chosen" in choices:
+        st.dataframe(choices[choices.method == "ghost-auto"][["boundary", "chosen", "reason"]], hide_index=True)
+
+
 _ui.require_frame(__file__)
 st.title("Learn: how ghost layers work")
 lm = _ui.require_model()
@@ -108,6 +159,8 @@ if not stored:
     st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
     st.stop()
 evaluated = _ui.stored(_ui.EVAL)
-step_pruning(lm, stored, evaluated if evaluated and evaluated["run_id"] == id(stored["run"]) else None)
+evaluated = evaluated if evaluated and evaluated["run_id"] == id(stored["run"]) else None
+step_pruning(lm, stored, evaluated)
 step_least_squares(stored)
 step_restricted(stored)
+step_sinks(stored, evaluated)

@@ -65,7 +65,9 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
     run = recover(lm.model, layers, methods, fit, held, run_cfg.recovery_config(),
                   progress=progress, show_tqdm=False)
     progress("spectra and errors", 0, 1)
-    frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry()}
+    frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
+              "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
+              "positions": run.position_shares(), "choices": run.choices()}
     return {"model": _ui.current_key(), "run": run, "config": run_cfg, "methods": methods,
             "layers": layers, "frames": frames, "protocol": fit.protocol,
             "heldout_protocol": held.protocol if held else None,

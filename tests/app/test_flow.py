@@ -117,3 +117,25 @@ def test_learn_uses_the_run(flow):
     text = " ".join(m.value for m in flow.markdown)
     assert "20-23" in text and "perplexity goes from" in text
     assert len(figures(flow)) >= 2
+
+
+def test_learn_explains_the_sink_with_the_runs_numbers(flow):
+    open_page(flow, "learn")
+    no_exception(flow)
+    shares = flow.session_state["ghosted.run"]["frames"]["token_shares"].set_index("tokens")
+    text = " ".join(m.value for m in flow.markdown)
+    assert "attention sink" in text and f"{shares.loc['sink', 'delta_share']:.1%}" in text
+    figs = figures(flow)
+    positions = next(f for f in figs if "by position" in f["layout"]["title"]["text"])
+    assert positions["data"][0]["x"][0] == 0
+    assert positions["data"][0]["y"][0] == pytest.approx(shares.loc["sink", "delta_share"])
+    spectra = next(f for f in figs if "with and without the sink" in f["layout"]["title"]["text"])
+    assert [t["name"] for t in spectra["data"]] == ["all tokens", "without sinks", "sinks only"]
+    assert spectra["layout"]["yaxis"]["type"] == "log"
+
+
+def test_compare_shows_the_sink_report(flow):
+    open_page(flow, "compare")
+    report = flow.session_state["ghosted.run"]["frames"]["sinks"]
+    assert list(report.boundary) == ["20-24"]
+    assert any("share of ‖Δ‖² %" in d.value.columns for d in flow.dataframe)

@@ -92,3 +92,8 @@ def test_sink_is_found_at_position_zero(bundled):
     assert row.sink_tokens == 4 and row.positions == "0 (×4)"
     assert row.delta_share > 0.5  # the sink born inside [9, 20) carries most of ‖Δ‖²
     assert row.sink_rms_norm_y > 20 * row.other_rms_norm_y
+    positions = run.position_shares()
+    assert positions.delta_share.idxmax() == 0 and positions.delta_share.iloc[0] == pytest.approx(row.delta_share)
+    spectra = run.sink_spectra()
+    top = spectra[spectra["index"] == 0].set_index("tokens").singular_value
+    assert top["without sinks"] < 0.5 * top["all tokens"]  # the largest direction of Δ is the sink's

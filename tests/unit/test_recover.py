@@ -167,3 +167,23 @@ def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
     torch.testing.assert_close(a.stats[Gap(2, 4)].xtx, b.stats[Gap(2, 4)].xtx)
     ids = random_ids(2, 12, seed=7)
     torch.testing.assert_close(a.model(ids).logits, b.model(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_sink_frames_are_reported_for_plain_methods_and_add_up():
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "2-3", ["none", "ghost"], windows(), show_tqdm=False)
+    plain = recover(model, "2-3", ["none", "ghost"], windows(), config=RecoveryConfig(report_sinks=False),
+                    show_tqdm=False)
+    torch.testing.assert_close(run.results["ghost"].operators[Gap(2, 4)], plain.results["ghost"].operators[Gap(2, 4)])
+    assert len(run.sinks) == 1 and plain.sinks.empty  # the report costs nothing to the fit
+    shares = run.token_shares().set_index("tokens")
+    assert shares.loc["sink", "count"] == 6 and shares.delta_share.sum() == pytest.approx(1.0)
+    positions = run.position_shares()
+    assert positions.delta_share.sum() == pytest.approx(1.0)
+    assert positions.delta_share.iloc[0] == pytest.approx(shares.loc["sink", "delta_share"])  # sink = position 0
+    spectra = run.sink_spectra()
+    stats = run.results["ghost"].stats[Gap(2, 4)]
+    for tokens, gram in (("all tokens", stats.dtd), ("sinks only", stats.sink.dtd),
+                         ("without sinks", stats.without_sink().dtd)):
+        values = spectra[spectra.tokens == tokens].singular_value.to_numpy()
+        assert (values**2).sum() == pytest.approx(float(torch.trace(gram)), rel=1e-6)

@@ -103,12 +103,16 @@ def _tensors(obj, seen=None):
 
 
 def test_accumulator_keeps_no_activations():
-    acc = BoundaryAccumulator(3, 5, D, with_mlp=True)
-    for x, y, m, valid, sink in make_batches(n_batches=4, t=11):
-        acc.update(x, y, valid, m=m, sink=sink)
-    tensors = _tensors(acc)
-    assert tensors
-    assert all(all(size == D for size in t.shape) for t in tensors)  # only (d,) and (d, d)
+    held = []
+    for n_batches in (4, 8):
+        acc = BoundaryAccumulator(3, 5, D, with_mlp=True)
+        for x, y, m, valid, sink in make_batches(n_batches=n_batches, t=11):
+            acc.update(x, y, valid, m=m, sink=sink)
+        tensors = _tensors(acc)
+        # only (d,) and (d, d) sums, and the (T,) per-position sums of the window length T = 11
+        assert tensors and all(all(size == D for size in t.shape) or t.shape == (11,) for t in tensors)
+        held.append(sum(t.numel() for t in tensors))
+    assert held[0] == held[1]  # twice the tokens, the same memory
 
 
 def test_reservoir_is_bounded_and_holds_real_rows():
@@ -183,3 +187,20 @@ def test_without_sink_requires_sink_masks():
     assert stats.lp_ratio_sum is None and stats.sink is None
     with pytest.raises(ValueError, match="sink"):
         stats.without_sink()
+
+
+def test_per_position_sums_equal_stacked_and_merge_across_lengths():
+    batches = make_batches()
+    stats = accumulate(batches)
+    expected_sq, expected_n = torch.zeros(7, dtype=torch.float64), torch.zeros(7, dtype=torch.float64)
+    for x, y, _, valid, _ in batches:
+        expected_sq += (((y - x).double() ** 2).sum(-1) * valid).sum(0)
+        expected_n += valid.sum(0)
+    torch.testing.assert_close(stats.position_dtd, expected_sq)
+    torch.testing.assert_close(stats.position_tokens, expected_n)
+    torch.testing.assert_close(stats.position_dtd.sum(), torch.trace(stats.dtd))  # every valid token once
+    longer = accumulate(make_batches(n_batches=1, t=10, seed=1))
+    merged = stats + longer
+    assert merged.position_dtd.shape == (10,)
+    torch.testing.assert_close(merged.position_dtd[:7], stats.position_dtd + longer.position_dtd[:7])
+    assert stats.without_sink().position_dtd is None  # positions mix sink and other tokens
