@@ -145,6 +145,9 @@ def _entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict:
         entry["calib_seconds"] = round(r.calib_seconds, 3)
         entry["solve_seconds"] = round(r.solve_seconds, 4)
         label = "pruned" if name == "none" else name
+        chosen = [f"{c['boundary']}: {c['chosen']}" for c in r.choices if "chosen" in c]
+        if chosen:  # ghost-auto: which fit each gap got
+            entry["chosen"] = ", ".join(chosen)
         for split in ("fit", "heldout"):
             rows = errors[(errors.method == label) & (errors.split == split)]
             if len(rows):  # token-weighted over gaps: total error / total ‖Δ‖²

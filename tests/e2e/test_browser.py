@@ -91,7 +91,8 @@ def test_compare(app_page):
     click(page, "generate_run")
     expect(page.get_by_text("The capital of France is", exact=True).last).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
-    expect(page.locator(".js-plotly-plot")).to_have_count(3)
+    for title in ("Perplexity (lower is better)", "removed (1 = perfect", "Singular values of the discrepancy"):
+        expect(page.locator(".gtitle", has_text=title).first).to_be_visible()
     screenshot(page, "compare")
 
 
@@ -107,5 +108,7 @@ def test_learn(app_page):
     page = app_page
     go(page, "Learn")
     expect(page.get_by_text(re.compile("perplexity goes from"))).to_be_visible()
-    expect(page.locator(".js-plotly-plot")).to_have_count(3)
+    expect(page.get_by_text(re.compile("the attention sink"))).to_be_visible()
+    expect(page.locator(".js-plotly-plot")).to_have_count(5)  # layers, spectra, removed, positions, sink spectra
+    expect(page.locator(".gtitle", has_text="by position in the window")).to_be_visible()
     screenshot(page, "learn")
