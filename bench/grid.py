@@ -31,12 +31,37 @@ from ghosted.grid import GridConfig, GridResult, run_grid  # noqa: E402
 DOC = ROOT / "docs" / "REPRODUCTION.md"
 
 
-def load_result(folder: str) -> GridResult:
-    payload = json.loads((Path(folder) / "grid.json").read_text())
-    return GridResult(pd.DataFrame(payload["rows"]), payload["meta"])
+def load_result(folders: str) -> tuple[GridResult, list[str]]:
+    """The grid(s) in comma-separated folders, merged, and the command that made each one."""
+    frames, metas = [], []
+    for folder in [f for f in folders.split(",") if f]:
+        payload = json.loads((Path(folder) / "grid.json").read_text())
+        frames.append(pd.DataFrame(payload["rows"]))
+        metas.append(payload["meta"])
+    meta = dict(metas[0])
+    for key in ("selections", "settings"):
+        meta[key] = {k: v for m in metas for k, v in m.get(key, {}).items()}
+    meta["notes"] = [n for m in metas for n in m.get("notes", [])]
+    meta["seconds"] = sum(m.get("seconds", 0) for m in metas)
+    meta["influence_seconds"] = sum(m.get("influence_seconds", 0) for m in metas)
+    return GridResult(pd.concat(frames, ignore_index=True), meta), [grid_command(m["config"]) for m in metas]
 
 
-def block(result: GridResult, command: str) -> str:
+def grid_command(config: dict) -> str:
+    """``python -m ghosted grid`` with the flags that differ from the defaults in ``config``."""
+    flags = {"selections": "--selections", "n_values": "--n", "evals": "--evals", "eval_tokens": "--eval-tokens",
+             "calib_seqs": "--calib-seqs", "seq_len": "--seq-len", "heldout_seqs": "--heldout-seqs",
+             "eval_seq_len": "--eval-seq-len", "seed": "--seed", "calib": "--calib"}
+    default = GridConfig()
+    parts = ["python -m ghosted grid"]
+    for key, flag in flags.items():
+        value = config.get(key)
+        if value is not None and value != getattr(default, key):
+            parts.append(f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}")
+    return " ".join(parts)
+
+
+def block(result: GridResult, commands: list[str]) -> str:
     """The generated part of REPRODUCTION.md: tables, selections, protocol, wall time."""
     meta, cfg = result.meta, result.meta.get("config", {})
     cal = meta.get("calibration", {})
@@ -44,13 +69,38 @@ def block(result: GridResult, command: str) -> str:
     notes = "".join(f"\n- {n}" for n in meta.get("notes", []))
     timing = ", ".join(f"{k}: fit {v['fit_seconds']} s, evaluation {v['eval_seconds']} s"
                        for k, v in meta.get("settings", {}).items())
-    return (f"Generated {today()} by `{command}` on {machine()}; the grid took "
+    made = " and ".join(f"`{c}`" for c in commands)
+    return (f"Generated {today()} from {made} on {machine()}; the grid took "
             f"**{meta.get('seconds', 0) / 60:.1f} minutes** (influence pass {meta.get('influence_seconds')} s; "
             f"per layer set: {timing}).\n\n"
             f"Model: {meta.get('model')}. Calibration: {cal.get('source')} ({cal.get('part')} part), "
             f"{cal.get('n_windows')} x {cal.get('seq_len')} tokens fitted + {cfg.get('heldout_seqs')} held-out "
             f"windows, seed {cfg.get('seed')}. Bold: the best recovery method in the row (dense and none excluded).\n\n"
-            f"{result.markdown()}\n\nLayers removed (0-based):\n{picks}{notes}")
+            f"{result.markdown()}\n\nLayers removed (0-based):\n{picks}{notes}\n\n"
+            "What ghost-auto chose (per gap, by next-token NLL on the held-out calibration windows):\n"
+            + "\n".join(auto_choices(result.frame)))
+
+
+def auto_choices(frame: pd.DataFrame) -> list[str]:
+    """What ghost-auto chose per setting: its reported choice, or else the fit whose perplexity it shares."""
+    lines = []
+    first_text = frame["eval"].iloc[0]
+    for (selection, n, layers), group in frame[frame["eval"] == first_text].groupby(["selection", "n", "layers"],
+                                                                                   sort=False):
+        ppl = dict(zip(group.method, group.ppl))
+        if "ghost-auto" not in ppl:
+            continue
+        auto = group[group.method == "ghost-auto"]
+        if "chosen" in group and isinstance(auto.chosen.iloc[0], str):
+            chose = auto.chosen.iloc[0]
+        elif ppl["ghost-auto"] == ppl.get("ghost"):
+            chose = "paper (same perplexity as ghost)"
+        elif ppl["ghost-auto"] == ppl.get("ghost-robust"):
+            chose = "robust (same perplexity as ghost-robust)"
+        else:
+            chose = "a mix of paper and robust fits across gaps"
+        lines.append(f"- {selection} {n} ({layers}): {chose}")
+    return lines
 
 
 def write_block(text: str) -> None:
@@ -64,13 +114,14 @@ def write_block(text: str) -> None:
 
 def main(argv: list[str] | None = None) -> GridResult:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--from", dest="source", default=None, help="read DIR/grid.json instead of running the grid")
+    p.add_argument("--from", dest="source", default=None,
+                   help="read DIR/grid.json (or DIR1,DIR2: merged) instead of running the grid")
     p.add_argument("--out-dir", default="grid", help="where the grid's CSV, Markdown and JSON go")
     p.add_argument("--eval-tokens", type=int, default=GridConfig.eval_tokens)
     p.add_argument("--calib-seqs", type=int, default=GridConfig.calib_seqs)
     args = p.parse_args(argv)
     if args.source:
-        result, command = load_result(args.source), "python -m ghosted grid"
+        result, commands = load_result(args.source)
     else:
         cfg = GridConfig(eval_tokens=args.eval_tokens, calib_seqs=args.calib_seqs)
         result = run_grid(cfg, progress=lambda line: print(line, file=sys.stderr))
@@ -78,8 +129,8 @@ def main(argv: list[str] | None = None) -> GridResult:
         extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
                         (("eval_tokens", args.eval_tokens), ("calib_seqs", args.calib_seqs))
                         if v != getattr(GridConfig, k))
-        command = f"python -m bench.grid{extra}"
-    write_block(block(result, command))
+        commands = [f"python -m bench.grid{extra}"]
+    write_block(block(result, commands))
     return result
 
 

@@ -108,11 +108,14 @@ def select(source, metric: str, n: int, windows=None, heldout=None, config=None)
     return select_layers(source, metric, n, windows=windows, heldout=heldout, config=config)
 
 
-def fit(model, drop, calib, methods=("ghost",), heldout=None, progress=None, **settings):
+def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None, **settings):
     """Prune ``drop`` and fit each recovery method on ``calib``: a ``RecoveryRun``.
 
     ``methods`` is a name or a list (none, ghost, ghost-robust, ghost-auto, replaceme-ls,
-    replaceme-cos, linearpatch-diag, linearpatch-rotate). ``settings`` are fields of
+    replaceme-ls-robust, replaceme-cos, linearpatch-diag, linearpatch-rotate). The default,
+    ``ghost-auto``, keeps the paper's fit (``ghost``) or the sink-robust one per gap, whichever
+    gives the lower next-token loss on ``heldout`` windows; without ``heldout`` the last quarter of
+    ``calib`` is held out for that choice (and for the held-out errors). ``settings`` are fields of
     ``RecoveryConfig`` (eps, solver, mode, granularity, ...) or of ``CalibrationConfig``
     (batch_size, seed, ...). ``model`` is never changed; every method gets a new model.
 
@@ -137,8 +140,21 @@ def fit(model, drop, calib, methods=("ghost",), heldout=None, progress=None, **s
     config = RecoveryConfig(calibration=calibration,
                             **{k: v for k, v in settings.items() if k in recovery_names})
     methods = [methods] if isinstance(methods, str) else list(methods)
+    if heldout is None and "ghost-auto" in methods:
+        calib, heldout = _hold_out_quarter(calib)
     return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress,
                    show_tqdm=False)
+
+
+def _hold_out_quarter(windows):
+    """(fit windows, held-out windows): the last quarter of ``windows`` (at least one) held out."""
+    from ghosted.pipeline import split_calibration
+
+    n = windows.input_ids.size(0)
+    if n < 2:
+        raise ValueError("ghost-auto chooses on held-out windows: give `heldout`, or at least 2 calibration "
+                         "windows so that one can be held out.")
+    return split_calibration(windows, max(1, n // 4))
 
 
 def prune(model, drop):

@@ -43,7 +43,8 @@ class RunConfig:
     drop: str = ""  # layers to remove, 0-based, e.g. "20-26" or "3,7,9-11"
     select: str = ""  # or: choose the layers by this influence criterion (ghosted.layer_influence.CRITERIA)
     n: int = 0  # how many layers ``select`` removes
-    methods: list[str] = field(default_factory=lambda: ["dense", "none", "ghost"])
+    methods: list[str] = field(default_factory=lambda: ["dense", "none", "ghost-auto"])  # ghost-auto: the
+    # paper's fit or the sink-robust one per gap, never worse than the paper's on the reproduction grid
     ghost_mode: str = "independent"  # or "sequential"
     granularity: str = "auto"  # operator per contiguous block or per removed layer
     eps: float = 1e-6  # ghost ridge

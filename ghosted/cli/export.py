@@ -21,7 +21,8 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("pruning and recovery")
     g.add_argument("--drop", required=True,
                    help="layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
-    g.add_argument("--method", default="ghost", choices=list(METHODS), help="recovery method")
+    g.add_argument("--method", default="ghost-auto", choices=list(METHODS),
+                   help="recovery method (ghost: the paper's fit exactly)")
     g.add_argument("--ghost-mode", default="independent", choices=["independent", "sequential"],
                    help="fit every operator on the dense model (paper), or each on the model already "
                         "pruned and patched upstream")

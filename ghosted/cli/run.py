@@ -22,8 +22,9 @@ def add_parser(sub) -> None:
                    help="instead of --drop, let this influence criterion choose the layers "
                         "(see 'python -m ghosted influence --help'), e.g. recoverability")
     g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
-    g.add_argument("--methods", default="dense,none,ghost",
-                   help=f"comma list from: dense, {', '.join(METHODS)}")
+    g.add_argument("--methods", default="dense,none,ghost-auto",
+                   help=f"comma list from: dense, {', '.join(METHODS)} (ghost-auto: the paper's fit or the "
+                        "sink-robust one per gap, by held-out next-token loss; ghost: the paper's fit exactly)")
     g.add_argument("--ghost-mode", default="independent", choices=["independent", "sequential"],
                    help="fit every operator on the dense model (paper), or each on the model already "
                         "pruned and patched upstream")

@@ -13,7 +13,7 @@ from streamlit.testing.v1 import AppTest
 from tests.app.conftest import (ROOT, TIMEOUT, calibrate, errors, figures, no_exception, open_page,
                                 serve_navigation)
 
-METHODS = ["ghost", "replaceme-ls"]
+METHODS = ["ghost-auto", "ghost", "replaceme-ls"]  # the default method, the paper's, a baseline
 LAYERS = [20, 21, 22, 23]
 
 

@@ -71,11 +71,11 @@ def test_influence_click_and_preset(app_page):
 def test_calibrate_and_recover(app_page):
     page = app_page
     go(page, "Calibrate & recover")
-    click(page, "calibrate_run")  # the defaults: 32 x 128 tokens (+4 held-out), ghost and replaceme-ls
+    click(page, "calibrate_run")  # the defaults: 32 x 128 tokens (+4 held-out), ghost-auto, ghost, replaceme-ls
     expect(page.get_by_text(re.compile(r"^Run: layers"))).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
     expect(page.get_by_test_id("stDataFrame")).to_be_visible()
-    expect(sidebar(page)).to_contain_text("Recovered: pruned, ghost, replaceme-ls")
+    expect(sidebar(page)).to_contain_text("Recovered: pruned, ghost-auto, ghost, replaceme-ls")
     screenshot(page, "recover")
 
 

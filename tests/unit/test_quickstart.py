@@ -89,6 +89,17 @@ def test_fit_passes_settings_to_both_configs():
         ghosted.fit(tiny_model("llama"), "2-3", tiny_windows(), "ghost", bogus=1)
 
 
+def test_fit_defaults_to_ghost_auto_and_holds_out_a_quarter():
+    from tests.tiny import tiny_model
+
+    calib = tiny_windows()
+    run = ghosted.fit(tiny_model("llama"), "2-3", calib)
+    assert list(run.results) == ["ghost-auto"]
+    n = calib.input_ids.size(0)
+    assert run.protocol["n_windows"] == n - max(1, n // 4)  # the rest chose between the two fits
+    assert set(run.choices().chosen) <= {"paper", "robust"}
+
+
 def test_influence_without_heldout_skips_heldout_criteria():
     from tests.tiny import tiny_model
 
