@@ -90,6 +90,8 @@ def sink_spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
     colors = {"all tokens": "#7f7f7f", "without sinks": "#6C4AB6", "sinks only": "#d62728"}
     fig = go.Figure()
     for tokens, part in spectra[spectra.boundary == boundary].groupby("tokens", sort=False):
+        part = part[part.singular_value > 1e-7 * part.singular_value.max()]  # drop the numerical zeros
+        # (the sinks' Δ has rank at most their count)
         fig.add_trace(go.Scatter(x=part["index"].tolist(), y=part.singular_value.clip(lower=1e-12).tolist(),
                                  mode="lines", name=tokens, line=dict(color=colors.get(tokens))))
     fig.update_layout(title=f"Singular values of Δ with and without the sink, boundary {boundary}",

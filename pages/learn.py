@@ -119,8 +119,10 @@ def step_sinks(stored: dict, evaluated: dict | None) -> None:
                     f"**{row.sink_rms_norm_y:,.0f}** after them; the other tokens **{row.other_rms_norm_x:,.0f}** "
                     f"and **{row.other_rms_norm_y:,.0f}**.")
     ratio = sink.per_token_share / max(other.per_token_share, 1e-300)
-    st.markdown(f"The **{int(sink['count'])}** sink tokens carry **{sink.delta_share:.1%}** of ‖Δ‖²: each one "
-                f"**{ratio:,.0f}** times as much as an ordinary token.")
+    times = f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.1f}"
+    st.markdown(f"The **{int(sink['count'])}** sink tokens ({sink['count'] / (sink['count'] + other['count']):.1%} "
+                f"of the tokens) carry **{sink.delta_share:.1%}** of ‖Δ‖²: each one **{times}** times as much as "
+                "an ordinary token.")
     if positions is not None and len(positions):
         st.plotly_chart(_charts.position_share_bars(positions, boundary), key="learn_positions")
     if spectra is not None and len(spectra):
