@@ -12,6 +12,14 @@ from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
+METHOD_HELP = (
+    "ghost: the paper's map W = I + M, least squares on every token. "
+    "ghost-robust: W on the non-sink tokens, the sink tokens mapped apart. "
+    "ghost-auto: per gap, whichever of the two predicts held-out windows better. "
+    "linearpatch-diag / -rotate: per-channel scaling, plain or in a Hadamard basis. "
+    "replaceme-ls (-robust): a map on the MLP output of the layer before the gap, folded into its weights. "
+    "replaceme-cos: the same map trained with a cosine loss (its paper's settings need millions of tokens; "
+    "on a small calibration it stays near no recovery).")
 AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**) or the sink-robust one "
              "(**ghost-robust**), whichever predicts the held-out calibration windows better (next-token loss). "
              "On the reproduction grid it was never worse than the paper's fit beyond noise, and far better where "
@@ -35,7 +43,7 @@ def settings_form(cfg) -> dict | None:
             st.caption(f"This deployment allows at most {cfg.max_calib_tokens:,} calibration tokens.")
         st.markdown(AUTO_NOTE)
         methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
-                                 key="calib_methods",
+                                 key="calib_methods", help=METHOD_HELP,
                                  default=[m for m in DEFAULT_METHODS if m in fittable])
         mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True,
                         help="independent: every gap fitted on the dense model (paper); sequential: "
