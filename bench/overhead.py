@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> dict:
     params = {name: sum(p.numel() for p in m.parameters()) for name, m in models.items()}
     params["ghost operator alone"] = sum(op.weight.numel() for _, _, op in operators_of(models["ghost"]))
     base = "pruned (none)"
-    rows = [[name, median(t) * 1000, ratio(times, name, base), ratio(times, "dense", name), f"{params[name]:,}",
+    rows = [[name, median(t) * 1000, ratio(times, name, base),
+             ratio(times, "dense", name) if name in models else "", f"{params[name]:,}",
              f"{params[name] - params[base]:+,}" if name in models else ""] for name, t in times.items()]
     flop_share = params["ghost operator alone"] / params[base]  # per token: d² against ~all weights (tied head)
     body = (f"Bundled SmolLM2-135M without layers {args.drop}; forward pass of {args.batch} x {args.tokens} "
