@@ -139,3 +139,16 @@ def test_compare_shows_the_sink_report(flow):
     report = flow.session_state["ghosted.run"]["frames"]["sinks"]
     assert list(report.boundary) == ["20-24"]
     assert any("share of ‖Δ‖² %" in d.value.columns for d in flow.dataframe)
+
+
+def test_the_cached_model_is_left_as_it_was_loaded(flow):
+    """Every page shares the cached model with every other session: the flow must not change it."""
+    from ghosted.arch import layers_of
+    from pages._ui import MODEL, load_cached
+
+    model = load_cached(**flow.session_state[MODEL]).model
+    layers = layers_of(model)
+    assert len(layers) == 30 and model.config.num_hidden_layers == 30
+    assert [layer.self_attn.layer_idx for layer in layers] == list(range(30))
+    assert not any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
