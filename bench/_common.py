@@ -165,7 +165,8 @@ def command_line(name: str, argv: list[str] | None) -> str:
 
 
 def write_section(name: str, title: str, argv: list[str] | None, body: str) -> None:
-    """Replace (or append) this benchmark's section of docs/BENCHMARKS.md (``argv``: the run's arguments)."""
+    """Replace (or append) this benchmark's section of docs/BENCHMARKS.md (``argv``: the run's arguments),
+    and print its body."""
     section = (f"<!-- bench:{name} -->\n## {title}\n\n`{command_line(name, argv)}`, {today()}; {machine()}.\n\n"
                f"{body.strip()}\n<!-- /bench:{name} -->")
     sections = _sections(REPORT.read_text()) if REPORT.exists() else {}
@@ -174,6 +175,7 @@ def write_section(name: str, title: str, argv: list[str] | None, body: str) -> N
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(HEADER + "\n" + "\n\n".join(sections[n] for n in ordered) + "\n")
     print(f"wrote section '{name}' of {REPORT.relative_to(ROOT)}", file=sys.stderr)
+    print(body)
 
 
 def table(header: list[str], rows: list[list]) -> str:

@@ -80,7 +80,6 @@ def main(argv: list[str] | None = None) -> dict:
               "d = 576; it grows by concatenation, so its peak is briefly twice that), then stays flat. "
               "The official approach keeps every token of both boundaries, and float64 copies of them.")
     write_section("calibration_memory", "Peak memory of calibration against calibration size", argv, body)
-    print(body)
     return peaks
 
 

@@ -82,7 +82,6 @@ def main(argv: list[str] | None = None) -> dict:
               "(1.0 would be free statistics); the second compares it with one ordinary pass of the whole "
               "model, which calibration never needs (it stops after layer 26 and computes no logits).")
     write_section("calibration_speed", "Calibration time against a forward pass", argv, body)
-    print(body)
     return times
 
 

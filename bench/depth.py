@@ -51,7 +51,6 @@ def main(argv: list[str] | None = None) -> dict:
             + f"\n\nReading: layer count alone predicts 6/27 = {6 / 27:.3f} for the shallow gap against the "
               "deep one; the rest is the embedding and the statistics, which cost the same at any depth.")
     write_section("depth", "Calibration time against the depth of the deepest needed layer", argv, body)
-    print(body)
     return times
 
 

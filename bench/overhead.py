@@ -81,7 +81,6 @@ def main(argv: list[str] | None = None) -> dict:
               "with the passes: its ratio to the pruned pass is the overhead. The paper reports +1.6 % "
               "latency over plain pruning for Llama-3.1-8B at 7/32 (A40, fp16, 2048 tokens).")
     write_section("overhead", "Inference overhead of the ghost operator against plain pruning", argv, body)
-    print(body)
     return times
 
 

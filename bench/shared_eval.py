@@ -68,7 +68,6 @@ def main(argv: list[str] | None = None) -> dict:
               "The saving grows with the depth of the shared prefix and the number of models; a drop that "
               "starts at layer 0 or 1 shares nothing and costs the same as separate evaluation.")
     write_section("shared_eval", "Shared-prefix evaluation of 5 methods against separate evaluation", argv, body)
-    print(body)
     return times
 
 

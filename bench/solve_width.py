@@ -66,7 +66,6 @@ def main(argv: list[str] | None = None) -> dict:
               f"d = {widths[-1]}: {rows[-1][1]:.3g} s by solve, {rows[-1][2]:.3g} s by pinv, once per gap "
               "and next to a calibration pass that takes minutes at that width.")
     write_section("solve_width", "Solve time against width (normal equations against pinv)", argv, body)
-    print(body)
     return per_width
 
 

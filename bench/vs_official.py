@@ -88,7 +88,6 @@ def main(argv: list[str] | None = None) -> dict:
               "matrices whatever N is. Both solve the same normal equations, so W agrees to float64 "
               "round-off of the two summation orders.")
     write_section("vs_official", "Calibration and solve against the released code's approach", argv, body)
-    print(body)
     return {"seconds": seconds, "peaks": peaks}
 
 

@@ -29,6 +29,7 @@ from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
 from ghosted.evaluation import perplexity
 from ghosted.loading import LoadedModel, load_model
+from ghosted.pipeline import result_entry, split_calibration, versions
 from ghosted.pruning import format_layers
 from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
 from ghosted.shared_eval import perplexities
@@ -120,8 +121,6 @@ def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[s
 def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fit, held,
                      evals: dict[str, TokenWindows], cfg: GridConfig, show_tqdm: bool) -> tuple[list[dict], dict]:
     """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation."""
-    from ghosted.pipeline import _entry
-
     started = time.perf_counter()
     rec_cfg = RecoveryConfig(calibration=CalibrationConfig(batch_size=cfg.batch_size, seed=cfg.seed))
     run = recover(model, layers, methods, fit, held, rec_cfg, show_tqdm=show_tqdm)
@@ -132,8 +131,7 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
     for source, windows in evals.items():
         results = perplexities(models, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm)
         for name, model_ in models.items():
-            entry = _entry(name, results[name], run, errors, model_)
-            rows.append({"eval": source, **{k: v for k, v in entry.items() if k != "protocol"}})
+            rows.append(_row(source, result_entry(name, results[name], run, errors, model_)))
     timing = {"fit_seconds": round(fitted - started, 1), "eval_seconds": round(time.perf_counter() - fitted, 1)}
     return rows, timing
 
@@ -141,8 +139,6 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
              show_tqdm: bool = True) -> GridResult:
     """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.model``."""
-    from ghosted.pipeline import split_calibration, versions
-
     say = progress or (lambda line: None)
     started = time.perf_counter()
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
@@ -182,10 +178,13 @@ def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, s
     for source, windows in evals.items():
         say(f"dense on {source}")
         res = perplexity(model, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm, label="dense")
-        rows[source] = {"eval": source, "method": "dense", "ppl": res.ppl, "nll": res.nll,
-                        "eval_seconds": round(res.seconds, 2),
-                        "parameters": sum(p.numel() for p in model.parameters())}
+        rows[source] = _row(source, result_entry("dense", res, None, None, model))
     return rows
+
+
+def _row(source: str, entry: dict) -> dict:
+    """A grid row: the evaluation text and a report entry without its protocol (kept in the meta)."""
+    return {"eval": source, **{k: v for k, v in entry.items() if k != "protocol"}}
 
 
 def to_markdown(frame: pd.DataFrame, meta: dict) -> str:

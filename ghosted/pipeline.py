@@ -106,7 +106,7 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
     step = (lambda done, total: progress("perplexity", done, total)) if progress else None
     results = perplexities(models, eval_windows, batch_size=cfg.batch_size, progress=step,
                            show_tqdm=show_tqdm)  # leading layers shared by all variants run once
-    entries = [_entry(name, results[name], run, errors, model) for name, model in models.items()]
+    entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
     report = {
         "model": lm.name, "model_source": lm.source, "dropped": dropped,
         "dropped_spec": format_layers(dropped), "layers": num_layers(lm.model), "selection": selection,
@@ -138,7 +138,8 @@ def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | 
                     "seconds": round(time.perf_counter() - started, 2)}
 
 
-def _entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict:
+def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict:
+    """One model's report entry: perplexity, timing, parameters and, for a recovered model, its fit."""
     entry = {"method": name, "ppl": res.ppl, "nll": res.nll, "eval_seconds": round(res.seconds, 2),
              "parameters": sum(p.numel() for p in model.parameters()), "protocol": res.protocol}
     if run and name in run.results:

@@ -113,7 +113,7 @@ class RecoveryRun:
             for g, s in r.stats.items():
                 frames.append(diagnostics.spectrum_frame(name, g, r.fits.get(g), s))
                 frames.append(diagnostics.spectrum_frame("pruned", g, None, s))
-        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        frame = _concat(frames)
         frame = frame[frame.method != "none"] if len(frame) else frame
         return frame.drop_duplicates(["boundary", "method", "index"]).reset_index(drop=True)
 

@@ -194,17 +194,19 @@ class BoundaryAccumulator:
         x, y = self._float64(x), self._float64(y)  # (B, T, d)
         m = None if m is None else self._float64(m)  # (B, T, d)
         valid = valid.to(self.device, torch.bool)  # (B, T)
-        self.totals.add(x, y, m, valid)
-        self._add_positions(((y - x) ** 2).sum(-1) * valid, valid)  # (B, T) ‖Δ_t‖² of valid tokens
+        delta = y - x  # (B, T, d), computed once for every sum below
+        self.totals.add(x, y, delta, m, valid)
+        delta_sq = torch.einsum("btd,btd->bt", delta, delta).masked_fill(~valid, 0.0)  # (B, T) ‖Δ_t‖²
+        self._add_positions(delta_sq, valid)
         if sink is not None:
             if self.sinks is None:
                 self.sinks = _MomentSums(self.dim, self.device, self.with_mlp)
-            self.sinks.add(x, y, m, valid & sink.to(self.device, torch.bool))
+            self.sinks.add(x, y, delta, m, valid & sink.to(self.device, torch.bool))
         if self.lp_ratio_sum is not None:
             self._add_linearpatch_ratios(x, y, valid)
         if self.reservoir is not None:
             m_rows = m[valid]  # (N, d)
-            self.reservoir.offer(m_rows, (y - x)[valid] + m_rows, self.generator)
+            self.reservoir.offer(m_rows, delta[valid] + m_rows, self.generator)
 
     def finalize(self) -> BoundaryStats:
         """Snapshot of the statistics so far (tensors are copies; accumulation may continue)."""
@@ -252,11 +254,10 @@ class _MomentSums:
         self.mtm = zeros(dim, dim) if with_mlp else None
         self.mtd = zeros(dim, dim) if with_mlp else None
 
-    def add(self, x: torch.Tensor, y: torch.Tensor, m: torch.Tensor | None,
+    def add(self, x: torch.Tensor, y: torch.Tensor, delta: torch.Tensor, m: torch.Tensor | None,
             mask: torch.Tensor) -> None:
-        """Add the tokens selected by mask (B, T) from x, y, m: (B, T, d) float64."""
-        x, y = x[mask], y[mask]  # (N, d)
-        delta = y - x  # (N, d)
+        """Add the tokens selected by mask (B, T) from x, y, Δ = y − x, m: (B, T, d) float64."""
+        x, y, delta = x[mask], y[mask], delta[mask]  # (N, d)
         self.n_tokens += x.shape[0]
         self.xtx += x.T @ x  # (d, d)
         self.xtd += x.T @ delta  # (d, d)

@@ -147,6 +147,12 @@ def stored(key: str) -> dict | None:
     return value if value and value.get("model") == current_key() else None
 
 
+def evaluation_of(run_stored: dict) -> dict | None:
+    """The stored perplexity evaluation, if it was made for this very run (not an earlier one)."""
+    evaluated = stored(EVAL)
+    return evaluated if evaluated and evaluated["run_id"] == id(run_stored["run"]) else None
+
+
 @contextmanager
 def user_errors(prefix: str = ""):
     """Show a user mistake (bad path, impossible choice, offline source) as an error, no traceback."""

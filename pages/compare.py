@@ -160,8 +160,8 @@ result = _ui.run_job("evaluate", "Scoring every variant", lambda progress: evalu
 if result:
     st.session_state[_ui.EVAL] = result
     st.rerun()
-evaluated = _ui.stored(_ui.EVAL)
-if evaluated and evaluated["run_id"] == id(stored["run"]):
+evaluated = _ui.evaluation_of(stored)
+if evaluated:
     show_perplexity(evaluated)
     st.subheader("Size and speed")
     st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],

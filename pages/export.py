@@ -106,8 +106,7 @@ if not stored:
     st.info("Nothing to export yet: calibrate and fit first.", icon=":material/healing:")
     st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
     st.stop()
-evaluated = _ui.stored(_ui.EVAL)
-evaluated = evaluated if evaluated and evaluated["run_id"] == id(stored["run"]) else None
+evaluated = _ui.evaluation_of(stored)
 st.subheader("Results")
 cols = st.columns(3)
 if evaluated:

@@ -160,8 +160,7 @@ if not stored:
             "(a small one takes seconds).", icon=":material/healing:")
     st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
     st.stop()
-evaluated = _ui.stored(_ui.EVAL)
-evaluated = evaluated if evaluated and evaluated["run_id"] == id(stored["run"]) else None
+evaluated = _ui.evaluation_of(stored)
 step_pruning(lm, stored, evaluated)
 step_least_squares(stored)
 step_restricted(stored)
