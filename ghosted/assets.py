@@ -108,7 +108,7 @@ def remove_stale_temps(target: Path, every: bool = False) -> None:
         if match["kind"] == "old" and not target.exists():
             os.rename(path, target)  # the only copy of the previous folder: restore it
         else:
-            shutil.rmtree(path, ignore_errors=True)
+            _remove(path)
 
 
 def publish_folder(staged: Path, target: Path) -> None:
@@ -121,14 +121,22 @@ def publish_folder(staged: Path, target: Path) -> None:
         os.rename(staged, target)
         return
     aside = temp_sibling(target, "old")
-    shutil.rmtree(aside, ignore_errors=True)
+    _remove(aside)
     os.rename(target, aside)
     try:
         os.rename(staged, target)
     except BaseException:
         os.rename(aside, target)
         raise
-    shutil.rmtree(aside, ignore_errors=True)
+    _remove(aside)
+
+
+def _remove(path: Path) -> None:
+    """Delete a folder, or only the link when ``path`` is a symbolic link (never what it points to)."""
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @contextmanager

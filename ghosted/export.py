@@ -100,7 +100,9 @@ def check_target_folder(path: str | Path, overwrite: bool = False,
                         protected: list[tuple[Path, str]] = ()) -> Path:
     """``path`` as a Path if a model may be saved there; a ValueError saying why not otherwise.
 
-    Refused: a file; a non-empty folder unless ``overwrite``; a folder that cannot be created; and,
+    Refused: a file; a non-empty folder unless ``overwrite`` (and even then one that holds no
+    ``config.json``: overwrite replaces a model folder, never any folder); a folder that cannot be
+    created; and,
     even with ``overwrite``, any folder that is, is inside or contains one of ``protected``
     (``(folder, what it is)`` pairs, see ``protected_folders``). Paths are compared resolved.
     """
@@ -119,9 +121,14 @@ def check_target_folder(path: str | Path, overwrite: bool = False,
                              "replacing it would delete. Choose another folder.")
     if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file, not a folder: name a folder to save the model into.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"{out} is not empty: choose a new folder, or pass --overwrite "
-                         "(overwrite=True) to replace what is in it.")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ValueError(f"{out} is not empty: choose a new folder, or pass --overwrite "
+                             "(overwrite=True) to replace what is in it.")
+        if not (out / "config.json").exists():  # overwrite replaces a model, not any folder
+            raise ValueError(f"{out} is not empty and holds no saved model (no config.json): "
+                             "--overwrite replaces only a model folder. Choose a new folder, or "
+                             "empty this one yourself.")
     check_can_create(out)
     return out
 

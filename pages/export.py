@@ -81,7 +81,7 @@ def model_section(cfg, lm, stored: dict) -> None:
         with st.form("save_form"):
             target = st.text_input("Or save it to a folder on this machine", placeholder="./smollm2-ghost",
                                    key="save_target")
-            overwrite = st.checkbox("Replace the folder if it is not empty", key="save_overwrite",
+            overwrite = st.checkbox("Replace the model already in that folder", key="save_overwrite",
                                     help="Never allowed for the model's own folder or Ghosted's cache.")
             if st.form_submit_button("Save", key="save_submit"):
                 save_to(model, lm, run, target, overwrite)

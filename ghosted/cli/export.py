@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
                    help="new or empty folder to write the model, operators and recipe to (never the "
                         "model's own folder or Ghosted's cache)")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace a non-empty --out folder (the old one is removed once the new one is complete)")
+                   help="replace the model already in --out (removed once the new one is complete)")
     p.set_defaults(handler=handle)
 
 

@@ -56,14 +56,25 @@ def test_the_save_box_refuses_what_it_must_and_overwrites_only_when_asked(app, t
     save(at, target)
     no_exception(at)
     assert any("not empty" in e for e in errors(at)) and snapshot(tmp_path) == before
+    save(at, target, overwrite=True)
+    no_exception(at)
+    assert any("holds no saved model" in e for e in errors(at)) and snapshot(tmp_path) == before
 
     save(at, cache_dir() / "models" / "mine", overwrite=True)
     no_exception(at)
     assert any("Ghosted's cache" in e for e in errors(at)) and converted_models() == cache_before
     assert not (cache_dir() / "models" / "mine").exists()
 
-    save(at, target, overwrite=True)
+    model = tmp_path / "model"
+    save(at, model)
     no_exception(at)
-    assert not errors(at) and any(str(target) in s.value for s in at.success)
-    assert (target / RECIPE_FILE).exists() and not (target / "keep.txt").exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".mine.")] == []
+    assert not errors(at) and any(str(model) in s.value for s in at.success)
+    first = snapshot(model)
+    save(at, model)
+    no_exception(at)
+    assert any("not empty" in e for e in errors(at)) and snapshot(model) == first
+    (model / "stale.txt").write_text("stale")
+    save(at, model, overwrite=True)
+    no_exception(at)
+    assert not errors(at) and (model / RECIPE_FILE).exists() and not (model / "stale.txt").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

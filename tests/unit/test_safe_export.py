@@ -80,6 +80,16 @@ def test_a_non_empty_folder_is_refused_without_overwrite(run, tmp_path):
     assert snapshot(tmp_path) == before and temp_siblings(target) == []
 
 
+def test_overwrite_replaces_a_model_folder_only(run, tmp_path):
+    target = tmp_path / "documents"
+    target.mkdir()
+    (target / "letter.txt").write_text("not a model")
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match="holds no saved model.*replaces only a model folder"):
+        save_recovered(run.results["ghost"].model, target, recipe=run, overwrite=True)
+    assert snapshot(tmp_path) == before and temp_siblings(target) == []
+
+
 def test_an_empty_folder_and_a_new_path_are_accepted(run, tmp_path):
     (tmp_path / "empty").mkdir()
     for target in (tmp_path / "empty", tmp_path / "new" / "deeper"):
@@ -339,6 +349,7 @@ def bad_target_cases(tmp_path: Path, model: Path, cache: Path) -> list[tuple[lis
     export = ["export", "--model", str(model), "--drop", "2-3", "--out"]
     return [
         ([*export, str(full)], "is not empty: choose a new folder, or pass --overwrite"),
+        ([*export, str(full), "--overwrite"], "holds no saved model"),
         ([*export, str(file)], "is a file, not a folder"),
         ([*export, str(file / "model")], "file.txt is a file, not a folder"),
         ([*export, str(model), "--overwrite"], "is the folder the model was loaded from"),
@@ -381,6 +392,7 @@ def test_cli_refuses_the_bundled_model_folder(no_loading, capsys):
 def test_cli_export_overwrite_replaces_a_folder(model_folder, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
+    (out / "config.json").write_text("{}")  # an older model
     (out / "old.txt").write_text("old")
     source = snapshot(model_folder)
     code = main(["export", "--model", str(model_folder), "--drop", "2-3", "--method", "ghost", "--calib-seqs", "4",
