@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import secrets
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,7 +58,7 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 
 # ------------------------------------------------------------- folders written whole or not at all
-_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)$")  # see temp_sibling
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)(-[0-9a-f]+)?$")  # temp_sibling
 
 
 def check_can_create(path: str | Path) -> None:
@@ -74,13 +75,15 @@ def check_can_create(path: str | Path) -> None:
 
 
 def temp_sibling(target: Path, kind: str = "tmp") -> Path:
-    """The hidden sibling ``.<name>.<kind>-<pid>`` where ``target`` is staged (same file system)."""
-    return target.parent / f".{target.name}.{kind}-{os.getpid()}"
+    """A new hidden sibling ``.<name>.<kind>-<pid>-<random>`` of ``target`` (same file system, so
+    renaming it is atomic; the random part keeps two threads of one process, e.g. two app
+    sessions, apart)."""
+    return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def _process_alive(pid: int) -> bool:
     if pid == os.getpid():
-        return False  # our own leftover: an earlier call in this process was interrupted
+        return True  # another thread of this process may be writing; our own faults clean up
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
