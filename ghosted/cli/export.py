@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+from ghosted.cli.common import add_model_args, add_text_args, check_output_folder, load_from_args
 from ghosted.recover import METHODS
 
 
@@ -33,7 +33,11 @@ def add_parser(sub) -> None:
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
     g.add_argument("--no-fold", action="store_true",
                    help="keep ReplaceMe's map as a hooked operator instead of folding it into weights")
-    p.add_argument("--out", required=True, help="folder to write the model, operators and recipe to")
+    p.add_argument("--out", required=True,
+                   help="new or empty folder to write the model, operators and recipe to (never the "
+                        "model's own folder or Ghosted's cache)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the model already in --out (removed once the new one is complete)")
     p.set_defaults(handler=handle)
 
 
@@ -46,6 +50,7 @@ def handle(args) -> int:
     from ghosted.recover import RecoveryConfig, recover
     from ghosted.text import calibration_windows
 
+    check_output_folder(args.out, args.overwrite, args.model)  # before loading: a typo costs nothing
     lm = load_from_args(args)
     drop = parse_layers(args.drop, num_layers(lm.model))  # fail before calibrating, not after
     calib = calibration_windows(lm.tokenizer, args.calib, args.calib_seqs + args.heldout_seqs,
@@ -55,7 +60,8 @@ def handle(args) -> int:
                             granularity=args.granularity, replaceme_fold=not args.no_fold,
                             calibration=CalibrationConfig(batch_size=args.batch_size, seed=args.seed))
     run = recover(lm.model, drop, [args.method], fit, heldout, config)
-    out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run)
+    out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run,
+                         overwrite=args.overwrite)
     print(describe_folder(out))
     return 0
 

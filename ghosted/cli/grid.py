@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+from ghosted.cli.common import add_model_args, add_text_args, check_output_folder, load_from_args
 
 
 def _list(text: str) -> list[str]:
@@ -42,6 +42,7 @@ def handle(args) -> int:
     from ghosted.grid import GridConfig, run_grid
     from ghosted.recover import METHODS
 
+    check_output_folder(args.out_dir)  # a bad --out-dir fails now, not after all the work
     methods = ["dense", *METHODS] if args.methods == "all" else _list(args.methods)
     cfg = GridConfig(model=args.model, selections=_list(args.selections), n_values=[int(n) for n in _list(args.n)],
                      methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,

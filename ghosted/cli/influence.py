@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+from ghosted.cli.common import add_model_args, add_text_args, check_output_folder, load_from_args
 
 GROUPS = {"single": "every criterion of the one shared forward pass (incl. recoverability)",
           "all": "everything, incl. ppl_single and sleb (one forward pass per candidate layer) and taylor "
@@ -75,6 +75,7 @@ def handle(args) -> int:
     from ghosted.selection import selections
     from ghosted.text import calibration_windows
 
+    check_output_folder(args.out_dir)  # a bad --out-dir fails now, not after all the work
     lm = load_from_args(args)
     n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
     rec_n = _recoverability_n(args.recoverability_n.strip(), n_values, num_layers(lm.model))

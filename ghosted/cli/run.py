@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ghosted.cli.common import add_model_args, add_text_args, load_from_args, write_json
+from ghosted.cli.common import add_model_args, add_text_args, check_output_file, load_from_args, write_json
 from ghosted.recover import METHODS
 
 
@@ -41,6 +41,7 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.pipeline import RunConfig, format_table, run_experiment
 
+    check_output_file(args.out)  # a bad --out fails now, not after all the work
     cfg = RunConfig(model=args.model, calib=args.calib, eval=args.eval, calib_seqs=args.calib_seqs,
                     seq_len=args.seq_len, heldout_seqs=args.heldout_seqs, eval_tokens=args.eval_tokens,
                     eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype,

@@ -111,7 +111,7 @@ def test_resaving_a_plain_model_removes_stale_operators(tmp_path):
     run = recover(model, "2-3", ["ghost", "none"], windows(), show_tqdm=False)
     folder = save_recovered(run.results["ghost"].model, tmp_path / "m", recipe=run)
     assert (folder / OPERATORS_FILE).exists()
-    save_recovered(run.results["none"].model, folder, recipe=run)
+    save_recovered(run.results["none"].model, folder, recipe=run, overwrite=True)
     assert not (folder / OPERATORS_FILE).exists()
     assert torch.equal(logits(load_recovered(folder, device="cpu").model), logits(run.results["none"].model))
 
