@@ -27,7 +27,7 @@ FLAGS = {  # API name -> CLI flag, so one message serves both
     "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
     "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
     "eval_seq_len": "--eval-seq-len", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
-    "n": "--n", "n_values": "--n", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
+    "n": "--n", "n_values": "--n-values", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
     "max_gram_gib": "--max-gram-gib",
 }
 
@@ -112,6 +112,14 @@ def check_drop(spec, n_layers: int) -> list[int]:
     from ghosted.pruning import parse_layers
 
     return parse_layers(spec, n_layers)
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    """A comma list of whole numbers from the command line ("7,11"), or a message naming the flag."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes whole numbers separated by commas, e.g. 7,11; got {text!r}.") from None
 
 
 def check_n(n, n_layers: int | None, name: str = "n") -> int:
@@ -299,6 +307,26 @@ def check_grid_model(cfg, facts: ModelFacts) -> None:
         check_n(n, facts.layers)
 
 
+def check_export(args) -> None:
+    """Config-only checks of ``export``: calibration, eps, the drop spec, ghost-auto's held-out windows,
+    an output folder that is not a file."""
+    check_calibration(args)
+    check_eps(args.eps)
+    if not check_drop_syntax(args.drop):
+        raise ValueError("Give layers to drop (--drop), e.g. 20-26.")
+    if args.method == "ghost-auto" and args.heldout_seqs < 1:
+        raise ValueError("ghost-auto chooses on held-out calibration windows: give some (--heldout-seqs >= 1).")
+    if args.out and Path(args.out).expanduser().is_file():
+        raise ValueError(f"--out {args.out} is a file; name a folder for the model.")
+    check_out_dir(args.out, "--out")
+
+
+def check_export_model(args, facts: ModelFacts) -> list[int]:
+    """Model checks of ``export``: the drop spec within the layers, the windows within positions."""
+    check_positions(facts.max_positions, seq_len=args.seq_len)
+    return check_drop(args.drop, facts.layers) if facts.layers else check_drop_syntax(args.drop)
+
+
 # ---- plans (--dry-run) -------------------------------------------------------------------------
 
 
@@ -381,8 +409,7 @@ def plan_export(args, facts: ModelFacts) -> str:
     """What ``export`` would do (``--dry-run``)."""
     from ghosted.pruning import format_layers
 
-    check_positions(facts.max_positions, seq_len=args.seq_len)
-    drop = check_drop(args.drop, facts.layers) if facts.layers else check_drop_syntax(args.drop)
+    drop = check_export_model(args, facts)
     lines = [_facts_line(args.model, facts), f"layers to drop: {format_layers(drop)}", _calibration_line(args),
              f"method: {args.method} ({args.ghost_mode}, granularity {args.granularity}, eps {args.eps})",
              f"output folder: {args.out}",
