@@ -93,7 +93,7 @@ def _items(spec) -> list:
         return list(spec)
     except TypeError:
         raise TypeError(f"Layers to drop must be a string such as '20-26' or a list of layer indices, "
-                        f"not {type(spec).__name__}.") from None
+                        f"not {spec!r} ({type(spec).__name__}).") from None
 
 
 def _layer_index(value) -> int:
