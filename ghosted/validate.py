@@ -420,7 +420,6 @@ def plan_export(args, facts: ModelFacts) -> str:
 
 def plan_influence(args, metrics: list[str], facts: ModelFacts) -> str:
     """What ``influence`` would do (``--dry-run``)."""
-    check_positions(facts.max_positions, seq_len=args.seq_len)
     lines = [_facts_line(args.model, facts), _calibration_line(args), f"criteria: {', '.join(metrics)}",
              f"block sizes n: {args.n_values}; output folder: {args.out_dir}",
              f"estimated forward passes: {_batches(args.calib_seqs, args.batch_size)} batches for the shared pass, "

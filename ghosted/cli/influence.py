@@ -77,16 +77,16 @@ def handle(args) -> int:
     from ghosted.pipeline import split_calibration
     from ghosted.selection import selections
     from ghosted.text import calibration_windows
-    from ghosted.validate import plan_influence
+    from ghosted.validate import facts_of_model, plan_influence
 
     metrics, n_values = check_args(args)  # every setting, before the model is loaded
     if args.dry_run:
         facts = facts_from_args(args)
-        _check_n_values(n_values, facts.layers)
+        _check_model(args, n_values, facts)
         print(plan_influence(args, metrics, facts))
         return 0
     lm = load_from_args(args)
-    _check_n_values(n_values, num_layers(lm.model))
+    _check_model(args, n_values, facts_of_model(lm.model))  # before any forward pass
     rec_n = _recoverability_n(args.recoverability_n.strip(), n_values, num_layers(lm.model))
     cfg = InfluenceConfig(metrics=metrics, n_values=n_values,
                           recoverability_n_values=rec_n,
@@ -132,6 +132,14 @@ def _check_n_values(n_values: list[int] | None, total: int | None) -> None:
 
     for n in n_values or []:
         check_n(n, total, "n_values")
+
+
+def _check_model(args, n_values: list[int] | None, facts) -> None:
+    """Block sizes within the model's layers, windows within its positions."""
+    from ghosted.validate import check_positions
+
+    _check_n_values(n_values, facts.layers)
+    check_positions(facts.max_positions, seq_len=args.seq_len)
 
 
 def _recoverability_n(text: str, n_values: list[int] | None, total: int) -> list[int] | None:

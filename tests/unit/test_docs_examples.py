@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PREFIX = "python -m ghosted"
 OUTPUT_FLAGS = ("--out", "--out-dir")  # pointed into a temporary folder (a dry run writes nothing anyway)
+TEXT_FLAGS = ("--calib", "--eval")  # a file of the reader's own is written there first
 
 
 def fenced_lines(text: str) -> list[str]:
@@ -63,18 +64,32 @@ def test_the_docs_hold_the_known_examples():
     assert any("meta-llama/Llama-3.1-8B" in c for c in commands)
 
 
+def user_file(value: str) -> bool:
+    """A text named by an example that is the reader's own file (notes.md), not a bundled or hub text."""
+    from ghosted.text import HUB_SHORTCUTS
+
+    return not value.startswith(("bundled:", "hf:")) and value not in HUB_SHORTCUTS
+
+
 def argv_of(command: str, tmp_path: Path) -> list[str]:
-    """The command's arguments, with --dry-run added and output paths moved under ``tmp_path``."""
+    """The command's arguments, with --dry-run added, output paths moved under ``tmp_path``, and a
+    small text written there for every file of the reader's own that the example names."""
     argv = shlex.split(command)[3:]
     for i, arg in enumerate(argv[:-1]):
         if arg in OUTPUT_FLAGS:
             argv[i + 1] = str(tmp_path / argv[i + 1].strip("/"))
+        if arg in TEXT_FLAGS and user_file(argv[i + 1]):
+            text = tmp_path / "texts" / Path(argv[i + 1]).name
+            text.parent.mkdir(exist_ok=True)
+            text.write_text("A first document of the reader's own.\n\nA second one.\n")
+            argv[i + 1] = str(text)
     return argv if "--help" in argv or not argv else [*argv, "--dry-run"]
 
 
 @pytest.mark.parametrize("source, command", EXAMPLES, ids=[f"{n}:{c[len(PREFIX):][:60]}" for n, c in EXAMPLES])
 def test_example_runs(source, command, tmp_path, capsys):
     argv = argv_of(command, tmp_path)
+    before = sorted(tmp_path.rglob("*"))
     if "--help" in argv:
         with pytest.raises(SystemExit) as done:
             main(argv)
@@ -83,4 +98,4 @@ def test_example_runs(source, command, tmp_path, capsys):
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert out.startswith("dry run:") and "model:" in out
-    assert list(tmp_path.iterdir()) == []  # a dry run writes nothing
+    assert sorted(tmp_path.rglob("*")) == before  # a dry run writes nothing
