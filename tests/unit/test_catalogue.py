@@ -388,3 +388,12 @@ def test_run_reports_which_part_it_evaluated(tmp_path):
 
 def test_environment_is_offline():
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
+
+
+def test_same_settings_give_bitwise_equal_models_and_perplexities():
+    model, win = tiny_model("llama"), windows(8, 16)
+    runs = [ghosted.fit(model, "2-3", win, ["ghost", "ghost-auto"], seed=3) for _ in range(2)]
+    for method in ("ghost", "ghost-auto"):
+        a, b = (run.results[method].model for run in runs)
+        assert torch.equal(a(win.input_ids).logits, b(win.input_ids).logits)
+        assert ghosted.evaluate(a, win).ppl == ghosted.evaluate(b, win).ppl
