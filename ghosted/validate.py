@@ -270,13 +270,13 @@ def check_run(cfg) -> None:
 
 def check_run_model(cfg, facts: ModelFacts) -> list[int]:
     """Model checks of a ``RunConfig``: the drop spec or n within the layers, windows within positions."""
-    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=cfg.eval_seq_len)
-    if facts.layers is None:
-        return []
-    if cfg.select:
+    drop = []
+    if facts.layers is not None and cfg.select:
         check_n(cfg.n, facts.layers)
-        return []
-    return check_drop(cfg.drop, facts.layers)
+    elif facts.layers is not None:
+        drop = check_drop(cfg.drop, facts.layers)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=cfg.eval_seq_len)
+    return drop
 
 
 def check_grid(cfg) -> None:
@@ -302,9 +302,9 @@ def check_grid(cfg) -> None:
 
 def check_grid_model(cfg, facts: ModelFacts) -> None:
     """Model checks of a ``GridConfig``: every n removes fewer than all layers; windows within positions."""
-    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=cfg.eval_seq_len)
     for n in cfg.n_values:
         check_n(n, facts.layers)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=cfg.eval_seq_len)
 
 
 def check_export(args) -> None:
@@ -323,8 +323,9 @@ def check_export(args) -> None:
 
 def check_export_model(args, facts: ModelFacts) -> list[int]:
     """Model checks of ``export``: the drop spec within the layers, the windows within positions."""
+    drop = check_drop(args.drop, facts.layers) if facts.layers else check_drop_syntax(args.drop)
     check_positions(facts.max_positions, seq_len=args.seq_len)
-    return check_drop(args.drop, facts.layers) if facts.layers else check_drop_syntax(args.drop)
+    return drop
 
 
 # ---- plans (--dry-run) -------------------------------------------------------------------------
