@@ -83,14 +83,14 @@ def check_eval_size(tokens, seq_len, tokens_name: str = "eval_tokens", len_name:
                          f"{seq_len}: give at least {seq_len} tokens, or a shorter window.")
 
 
-def check_methods(methods, allow_dense: bool = True) -> list[str]:
-    """A non-empty list of known method names (duplicates dropped, order kept)."""
+def check_methods(methods) -> list[str]:
+    """A non-empty list of known method names, ``dense`` included (duplicates dropped, order kept)."""
     from ghosted.recover import METHODS
 
     if isinstance(methods, str):
         methods = [methods]
     names = [m.strip() if isinstance(m, str) else m for m in methods]
-    known = (["dense"] if allow_dense else []) + list(METHODS)
+    known = ["dense", *METHODS]
     if not names or not all(names):
         raise ValueError(f"Give at least one method (--methods), from: {', '.join(known)}.")
     unknown = [m for m in names if m not in known]
