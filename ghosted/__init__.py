@@ -64,24 +64,31 @@ def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len
     """Calibration text as ``TokenWindows``: ``n_seqs`` random windows of ``seq_len`` tokens.
 
     ``tokenizer`` may be a ``LoadedModel``. Sources: "bundled:news" (default), "bundled:wiki", a
-    .txt/.jsonl file, or a hub dataset when online. Calibration uses the first 80 % of a source's
-    documents, evaluation the last 20 %, so the two never share text.
+    plain-text file (any extension) or .jsonl file, or a hub dataset when online. Calibration uses the
+    first 80 % of a source's documents; evaluating on the same source uses the last 20 %, so the two
+    never share text.
 
     Example:
         >>> calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)
         >>> calib.input_ids.shape                                # (16, 128)
     """
+    from ghosted import validate
     from ghosted.text import calibration_windows
 
+    validate.check_windows("n_seqs", n_seqs, "seq_len", seq_len)
+    validate.check_seed(seed)
+    validate.check_source(source, "calibration")
+    if _is_loaded(tokenizer):
+        validate.check_positions(validate.facts_of_model(tokenizer.model).max_positions, seq_len=seq_len)
     return calibration_windows(_tokenizer_of(tokenizer), source, n_seqs, seq_len, seed)
 
 
 def influence(model, windows, heldout=None, **config):
     """Layer-selection criteria of ``model`` on ``windows`` as an ``InfluenceReport``.
 
-    ``config`` are fields of ``ghosted.layer_influence.InfluenceConfig`` (metrics, n_values, ...). By
-    default every criterion of one forward pass is computed; without ``heldout`` windows the
-    held-out ones are left out.
+    ``config`` are fields of ``ghosted.layer_influence.InfluenceConfig`` (metrics, n_values, ...); metrics
+    may use the criteria's aliases (shortgpt, bi, streamline, angular, ppl, taylor+). By default every
+    criterion of one forward pass is computed; without ``heldout`` windows the held-out ones are left out.
 
     Example:
         >>> report = ghosted.influence(lm, calib, n_values=[7])
@@ -92,7 +99,44 @@ def influence(model, windows, heldout=None, **config):
 
     if heldout is None and "metrics" not in config:
         config["metrics"] = [m for m in SINGLE_PASS if CRITERIA[m].cost != "heldout"]
+    _check_influence_config(_model_of(model), windows, config)
     return score_layers(_model_of(model), windows, InfluenceConfig(**config), heldout=heldout, show_tqdm=False)
+
+
+def _check_influence_config(model, windows, config: dict) -> None:
+    """Criteria names (aliases resolved in place), sizes, eps and block sizes, before the forward pass."""
+    from dataclasses import fields
+
+    from ghosted import validate
+    from ghosted.layer_influence import InfluenceConfig, resolve_criterion
+
+    unknown = set(config) - {f.name for f in fields(InfluenceConfig)}
+    if unknown:
+        raise TypeError(f"Unknown settings {sorted(unknown)}; use fields of InfluenceConfig "
+                        f"({', '.join(f.name for f in fields(InfluenceConfig))}).")
+    if "metrics" in config:
+        metrics = [config["metrics"]] if isinstance(config["metrics"], str) else list(config["metrics"])
+        if not metrics:
+            raise ValueError("Give at least one criterion (metrics=[...]).")
+        config["metrics"] = list(dict.fromkeys(resolve_criterion(m) for m in metrics))
+    validate.check_count("batch_size", config.get("batch_size", 1))
+    validate.check_eps(config.get("eps", 0.0))
+    total = validate.facts_of_model(model).layers
+    for key in ("n_values", "recoverability_n_values"):
+        for n in config.get(key) or []:
+            validate.check_n(n, total, key)
+    _check_windows(model, windows)
+
+
+def _check_windows(model, windows, name: str = "windows") -> None:
+    """Token windows (``TokenWindows``) with at least one window, within the model's positions."""
+    from ghosted import validate
+
+    if not hasattr(windows, "input_ids"):
+        raise TypeError(f"{name} must be TokenWindows (from ghosted.calibrate), not {type(windows).__name__}.")
+    if windows.input_ids.ndim != 2 or windows.input_ids.size(0) < 1:
+        raise ValueError(f"{name} holds no window: give at least one (n_seqs >= 1).")
+    validate.check_positions(validate.facts_of_model(model).max_positions, seq_len=windows.input_ids.size(1))
 
 
 def select(source, metric: str, n: int, windows=None, heldout=None, config=None):
@@ -129,6 +173,8 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
     from ghosted.calibration import CalibrationConfig
     from ghosted.recover import RecoveryConfig, recover
 
+    from ghosted import validate
+
     calib_names = {f.name for f in fields(CalibrationConfig)}
     recovery_names = {f.name for f in fields(RecoveryConfig)} - {"calibration"}
     unknown = set(settings) - calib_names - recovery_names
@@ -139,11 +185,26 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
     calibration = CalibrationConfig(**{k: v for k, v in settings.items() if k in calib_names})
     config = RecoveryConfig(calibration=calibration,
                             **{k: v for k, v in settings.items() if k in recovery_names})
-    methods = [methods] if isinstance(methods, str) else list(methods)
+    methods = validate.check_methods(methods)
+    validate.check_drop(drop, validate.facts_of_model(_model_of(model)).layers)  # before any forward pass
+    _check_fit_settings(settings)
+    _check_windows(_model_of(model), calib, "calib")
     if heldout is None and "ghost-auto" in methods:
         calib, heldout = _hold_out_quarter(calib)
     return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress,
                    show_tqdm=False)
+
+
+def _check_fit_settings(settings: dict) -> None:
+    """The numbers a user passes to ``fit``: eps, batch size and seed."""
+    from ghosted import validate
+
+    if "eps" in settings:
+        validate.check_eps(settings["eps"])
+    if "batch_size" in settings:
+        validate.check_count("batch_size", settings["batch_size"])
+    if "seed" in settings:
+        validate.check_seed(settings["seed"])
 
 
 def _hold_out_quarter(windows):
@@ -172,24 +233,31 @@ def prune(model, drop):
 
 
 def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384, seq_len: int = 512,
-             batch_size: int = 4):
+             batch_size: int = 4, calibration_source: str | None = "bundled:news"):
     """Perplexity of ``model`` as a ``PerplexityResult`` (ppl, nll, scored tokens, protocol).
 
     ``data`` is ``TokenWindows``, or a tokenizer / ``LoadedModel`` to cut ``tokens`` tokens of
-    ``source`` (its evaluation part) into windows of ``seq_len``. ``ghosted.evaluate(lm)``
+    ``source`` into windows of ``seq_len``: its last 20 % when it is also ``calibration_source``
+    (the default calibration text, bundled:news), else the whole source from its start
+    (``protocol["part"]`` says which). ``ghosted.evaluate(lm)``
     evaluates a ``LoadedModel`` on its own tokenizer.
 
     Example:
         >>> print(ghosted.evaluate(run.results["ghost"].model, lm, tokens=4096))
         PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
     """
+    from ghosted import validate
     from ghosted.evaluation import perplexity
     from ghosted.text import evaluation_windows
 
     data = model if data is None else data
     windows = data
+    validate.check_count("batch_size", batch_size)
     if not hasattr(data, "input_ids"):
-        windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len)
+        validate.check_eval_size(tokens, seq_len, "tokens", "seq_len")
+        validate.check_source(source, "evaluation")
+        windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len, calibration_source)
+    _check_windows(_model_of(model), windows)
     return perplexity(_model_of(model), windows, batch_size=batch_size, show_tqdm=False)
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 from torch import nn
 
+from ghosted import validate
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
 from ghosted.evaluation import perplexity
@@ -64,7 +65,9 @@ class GridConfig:
     batch_size: int = 4  # windows per forward pass
 
     def criterion(self, selection: str) -> str:
-        return ALIASES.get(selection, selection)
+        from ghosted.layer_influence import resolve_criterion
+
+        return resolve_criterion(selection)  # ALIASES, and the other names people use (bi, angular, ...)
 
 
 @dataclass
@@ -90,12 +93,14 @@ class GridResult:
         return paths
 
 
-def capped_evaluation_windows(tokenizer, source: str, n_tokens: int, seq_len: int) -> TokenWindows:
-    """``evaluation_windows``, with ``n_tokens`` lowered to what the source's evaluation part holds."""
-    probe = evaluation_windows(tokenizer, source, seq_len, seq_len)
+def capped_evaluation_windows(tokenizer, source: str, n_tokens: int, seq_len: int,
+                              calibration_source: str | None = None) -> TokenWindows:
+    """``evaluation_windows``, with ``n_tokens`` lowered to what the source's evaluation part holds
+    (the whole source when calibration reads another one)."""
+    probe = evaluation_windows(tokenizer, source, seq_len, seq_len, calibration_source)
     width = probe.input_ids.size(1) - (probe.protocol.get("bos") == "prepended")
     most = (probe.protocol["available_tokens"] // width) * seq_len
-    return evaluation_windows(tokenizer, source, min(n_tokens, most), seq_len)
+    return evaluation_windows(tokenizer, source, min(n_tokens, most), seq_len, calibration_source)
 
 
 def choose_layers(model: nn.Module, cfg: GridConfig, fit, held) -> dict[tuple[str, int], tuple[list[int], str]]:
@@ -141,10 +146,13 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
     """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.model``."""
     say = progress or (lambda line: None)
     started = time.perf_counter()
+    validate.check_grid(cfg)  # before loading
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    validate.check_grid_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
     calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
     fit, held = split_calibration(calib, cfg.heldout_seqs)
-    evals = {s: capped_evaluation_windows(lm.tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals}
+    evals = {s: capped_evaluation_windows(lm.tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
+             for s in cfg.evals}
     say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
     t0 = time.perf_counter()
     chosen = choose_layers(lm.model, cfg, fit, held)

@@ -88,6 +88,32 @@ CRITERIA: dict[str, Criterion] = {c.name: c for c in [
               "step; the first and last alive layers stay)", "SLEB"),
 ]}
 SINGLE_PASS = [name for name, c in CRITERIA.items() if c.cost in ("pass", "heldout")]
+# The names people use for the criteria (papers, README). streamline and shortgpt are the paper's
+# selections as its released code computes them (sequence-axis cosine), as in the reproduction grid.
+ALIASES = {
+    "streamline": "seqcos_streamline",
+    "shortgpt": "seqcos_shortgpt",
+    "bi": "block_influence",
+    "angular": "angular_last",
+    "ppl": "ppl_single",
+    "taylor+": "taylor",
+}
+
+
+def resolve_criterion(name: str) -> str:
+    """The criterion a name or alias stands for (``"shortgpt"`` -> ``"seqcos_shortgpt"``); ValueError if unknown."""
+    if not isinstance(name, str):
+        raise TypeError(f"A criterion is a name such as 'recoverability', not {type(name).__name__}.")
+    key = name.strip().lower()
+    if key in CRITERIA or key in ALIASES:
+        return ALIASES.get(key, key)
+    raise ValueError(f"Unknown criterion {name!r}; choose from {', '.join(CRITERIA)}, or an alias: "
+                     f"{alias_text()}.")
+
+
+def alias_text() -> str:
+    """The aliases in words, for --help and error messages: "streamline = seqcos_streamline, ..."."""
+    return ", ".join(f"{alias} = {name}" for alias, name in ALIASES.items())
 _SIMILARITY_BLOCKS = {"streamline_cosine": "cosine", "angular_all": "angular",
                       "angular_last": "angular_last", "seqcos_streamline": "sequence_cosine"}
 # Criteria that need Gram blocks: their memory and time grow with recoverability_n_values.

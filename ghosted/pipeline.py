@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from ghosted import __version__
+from ghosted import __version__, validate
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
 from ghosted.loading import LoadedModel, load_model
@@ -83,12 +83,15 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
                    progress: Progress | None = None, show_tqdm: bool = True) -> tuple[dict, RecoveryRun | None]:
     """Run ``cfg`` and return (a JSON-ready report, the RecoveryRun with the recovered models)."""
     started = time.perf_counter()
+    validate.check_run(cfg)  # before loading: a typo costs seconds, not a calibration pass
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    validate.check_run_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
     from ghosted.arch import num_layers
 
     dropped, selection = _layers_to_drop(cfg, lm)
     methods = list(dict.fromkeys(cfg.methods))
-    eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
+    eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len,
+                                      calibration_source=cfg.calib)  # a separate source is read whole
     run, calib_proto = None, None
     recovery_methods = [m for m in methods if m != "dense"]
     if recovery_methods:

@@ -10,6 +10,7 @@ attention ``layer_idx`` (needed by the KV cache) never touches the original modu
 from __future__ import annotations
 
 import copy
+import numbers
 from collections import OrderedDict
 from collections.abc import Iterable
 
@@ -69,13 +70,37 @@ def parse_layers(spec: str | Iterable[int], n_layers: int | None = None) -> list
                 raise ValueError(f"Range {part!r} is backwards; write it as {end}-{start}.")
             layers.update(range(start, end + 1))
     else:
-        layers = {int(i) for i in spec}
+        layers = {_layer_index(i) for i in ([spec] if _is_index(spec) else _items(spec))}
     out = sorted(layers)
     if n_layers is not None:
         bad = [i for i in out if not 0 <= i < n_layers]
         if bad:
             raise ValueError(f"Layers {bad} do not exist: this model has layers 0..{n_layers - 1}.")
+        if out and len(out) >= n_layers:
+            raise ValueError(f"Dropping layers {format_layers(out)} removes all {n_layers} layers of this "
+                             "model: keep at least one.")
     return out
+
+
+def _is_index(value) -> bool:
+    """True for a whole number (numpy integers too), never for a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _items(spec) -> list:
+    """The items of an iterable layer list, or a TypeError saying what a layer spec is."""
+    try:
+        return list(spec)
+    except TypeError:
+        raise TypeError(f"Layers to drop must be a string such as '20-26' or a list of layer indices, "
+                        f"not {spec!r} ({type(spec).__name__}).") from None
+
+
+def _layer_index(value) -> int:
+    """One layer index of a list: a whole number, never a float or a bool (True would mean layer 1)."""
+    if not _is_index(value):
+        raise TypeError(f"Layer indices must be whole numbers, not {value!r} ({type(value).__name__}).")
+    return int(value)
 
 
 def format_layers(layers: Iterable[int]) -> str:

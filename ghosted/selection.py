@@ -12,10 +12,11 @@ Ties go to the lower start or layer index.
 from __future__ import annotations
 
 import math
+import numbers
 
 import pandas as pd
 
-from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
+from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence, resolve_criterion
 from ghosted.pruning import format_layers
 
 _TAYLOR_PLUS_FIRST, _TAYLOR_PLUS_LAST = 4, 2  # Shortened-LLaMA keeps layers 0-3 and the last two
@@ -41,7 +42,8 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
            config: InfluenceConfig | None = None) -> tuple[list[int], str]:
     """The n layers ``metric`` removes, and a sentence saying why.
 
-    ``source`` is an ``InfluenceReport``, or a model (``nn.Module`` with ``windows``, or a
+    ``metric`` is a criterion of ``CRITERIA`` or an alias (``shortgpt``, ``bi``, ``streamline``, ``angular``,
+    ``ppl``, ``taylor+``). ``source`` is an ``InfluenceReport``, or a model (``nn.Module`` with ``windows``, or a
     ``LoadedModel``, which defaults to 32 + 8 windows of 256 tokens of bundled news) on which only
     this criterion is computed.
 
@@ -49,8 +51,11 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
         >>> layers, reason = select(report, "recoverability", 7)
         >>> layers                                   # e.g. [20, 21, 22, 23, 24, 25, 26]
     """
-    if metric not in CRITERIA:
-        raise ValueError(f"Unknown criterion {metric!r}; choose from {', '.join(CRITERIA)}.")
+    metric = resolve_criterion(metric)  # aliases: shortgpt, bi, streamline, angular, ppl, taylor+
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"n (how many layers to remove) must be a whole number, not {n!r}.")
+    if n < 1:  # before any forward pass on a model source
+        raise ValueError(f"n (how many layers to remove) must be at least 1; got {n}.")
     report = source if isinstance(source, InfluenceReport) else _report_for(source, metric, n, windows,
                                                                               heldout, config)
     if not 1 <= n <= report.num_layers - 1:

@@ -2,14 +2,17 @@
 
 Sources (one string each): "bundled:news" (Lee news corpus from gensim's wheel; default
 calibration source), "bundled:wiki" (gensim's Wikipedia sample, markup stripped; default
-evaluation source), a local ".txt" (documents split by blank lines, else one per line) or
-".jsonl" ("text" field per line) file, in-memory text (TextSource.from_string, app uploads),
+evaluation source), a local plain-text file (documents split by blank lines, else one per
+line) or ".jsonl" ("text" field per line) file, in-memory text (TextSource.from_string, app uploads),
 and "hf:NAME[:CONFIG]" or the shortcuts "wikitext-2-raw-v1", "c4", "ptb" (optional `datasets`).
 
-Calibration and evaluation never share text. A non-hub source is split at a document
-boundary: calibration gets the first 80 % of its documents (file order), evaluation the last
-20 %. Hub datasets use their own splits, as pruning papers do: calibration reads "train",
-evaluation WikiText-2 raw "test", PTB text-only "validation" or C4 en "validation".
+Calibration and evaluation never share text. When both read the same non-hub source, it is
+split at a document boundary: calibration gets the first 80 % of its documents (file order),
+evaluation the last 20 %. A separate evaluation source is read whole, from its start (the
+protocol's ``part`` is then "whole"). Local files are read by content whatever their extension
+(UTF-8, byte-order mark dropped); only ``.jsonl`` is parsed as JSON lines. Hub datasets use
+their own splits, as pruning papers do: calibration reads "train", evaluation WikiText-2 raw
+"test", PTB text-only "validation" or C4 en "validation".
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 from ghosted import wiki
 
 CALIBRATION_FRACTION = 0.8  # first 80 % of documents calibrate, the last 20 % evaluate
-PARTS = ("calibration", "evaluation")
+PARTS = ("calibration", "evaluation", "whole")  # "whole": a separate evaluation source, from its start
 _BUNDLED = {  # name -> human label; files and cleaning live in ghosted.wiki
     "bundled:news": "Lee news corpus (gensim)",
     "bundled:wiki": "Wikipedia sample (gensim enwiki dump, cleaned)",
@@ -75,7 +78,8 @@ class TextSource:
 
     @classmethod
     def from_string(cls, name: str, text: str) -> TextSource:
-        """Parse in-memory text (e.g. an upload): JSON lines if name ends in .jsonl, else txt."""
+        """Parse in-memory text (e.g. an upload): JSON lines if name ends in .jsonl, else plain text."""
+        text = text.removeprefix("\ufeff")  # a UTF-8 byte-order mark is not text
         docs = _parse_jsonl(name, text) if name.lower().endswith(".jsonl") else _parse_txt(text)
         if not docs:
             raise ValueError(f"{name}: the text is empty (or whitespace only). Provide some "
@@ -84,15 +88,16 @@ class TextSource:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> TextSource:
-        """Read a local .txt or .jsonl file (UTF-8)."""
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"Text file not found: {path}")
-        return cls.from_string(str(path), Path(path).read_text(encoding="utf-8"))
+        """Read a local text file by its content, whatever its extension (.txt, .md, .cor, none);
+        ``.jsonl`` files are JSON lines. UTF-8, with or without a byte-order mark."""
+        return cls.from_string(str(path), read_text_file(path))
 
     def part(self, part: str) -> tuple[str, ...]:
-        """Documents of the calibration (first 80 %) or evaluation (last 20 %) part."""
+        """Documents of the calibration (first 80 %) or evaluation (last 20 %) part, or all of them."""
         if part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, not {part!r}")
+        if part == "whole":
+            return self.documents
         n = len(self.documents)
         if n < 2:
             raise ValueError(f"{self.name}: only one document; calibration and evaluation need "
@@ -163,17 +168,42 @@ def resolve_source(source: str | os.PathLike | TextSource) -> TextSource | HubSp
     if name.startswith("hf:") and len(name) > 3:
         path, _, config = name[3:].partition(":")
         return HubSpec(path, config or None)
-    if name.lower().endswith((".txt", ".jsonl")):
-        return TextSource.from_file(name)
+    path = Path(name).expanduser()
+    if path.exists() or _looks_like_path(name):
+        return TextSource.from_file(path)
     raise ValueError(f"Unknown text source {name!r}. Use one of {list_bundled_sources()}, a "
-                     ".txt/.jsonl file path, 'hf:NAME[:CONFIG]', or one of "
+                     "text file (plain text, or .jsonl with a 'text' field), 'hf:NAME[:CONFIG]', or one of "
                      f"{list(HUB_SHORTCUTS)}.")
+
+
+def _looks_like_path(name: str) -> bool:
+    """A name meant as a file (a folder part or an extension), so a missing one is "not found"."""
+    return "/" in name or os.sep in name or name.startswith("~") or bool(Path(name).suffix)
+
+
+def read_text_file(path: str | os.PathLike) -> str:
+    """A text file's content as str (UTF-8, byte-order mark kept for ``from_string`` to drop), or an
+    error a user can act on: not found, a directory, or not UTF-8 (with the command that converts it)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a directory, not a text file: pass one .txt/.jsonl file (or any "
+                         "plain-text file) inside it.")
+    if not path.is_file():
+        raise FileNotFoundError(f"Text file not found: {path}")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start} cannot be read). Convert it first, "
+                         f"e.g. iconv -f latin1 -t utf-8 '{path}' > '{path.with_suffix('.utf8' + path.suffix)}' "
+                         "(use the file's real encoding instead of latin1), and pass the new file.") from None
 
 
 def describe_source(source: str | os.PathLike | TextSource, part: str | None = None) -> str:
     """Human label, e.g. "Lee news corpus (gensim), calibration part" (hub: "..., test split")."""
     if isinstance(source, (str, os.PathLike)) and os.fspath(source).strip() in _BUNDLED:
         label = _BUNDLED[os.fspath(source).strip()]
+        if part == "whole":
+            return f"{label} (the whole text)"
         return label if part is None else f"{label}, {part} part"
     spec = resolve_source(source)
     if isinstance(spec, HubSpec):
@@ -181,6 +211,8 @@ def describe_source(source: str | os.PathLike | TextSource, part: str | None = N
         split = "train" if part == "calibration" else spec.eval_splits[0]
         return label if part is None else f"{label}, {split} split"
     label = spec.label or spec.name
+    if part == "whole":
+        return f"{label} (the whole text)"
     return label if part is None else f"{label}, {part} part"
 
 
@@ -278,19 +310,37 @@ def calibration_windows(tokenizer, source: str | os.PathLike | TextSource = "bun
                                       available_tokens=available, sampling="random windows"))
 
 
+def evaluation_part(source: str | os.PathLike | TextSource, calibration_source=None) -> str:
+    """Which part of ``source`` evaluation reads: "evaluation" (its last 20 %) when calibration reads
+    the same source, or when the calibration source is not known (None); "whole" for a separate local
+    source. Hub datasets always use their own evaluation split."""
+    if calibration_source is None:
+        return "evaluation"
+    ev = resolve_source(source)
+    if isinstance(ev, HubSpec):
+        return "evaluation"
+    cal = resolve_source(calibration_source)
+    same = isinstance(cal, TextSource) and (cal.name == ev.name or cal.fingerprint == ev.fingerprint)
+    return "evaluation" if same else "whole"
+
+
 def evaluation_windows(tokenizer, source: str | os.PathLike | TextSource = "bundled:wiki",
-                       n_tokens: int = 16384, seq_len: int = 512) -> TokenWindows:
+                       n_tokens: int = 16384, seq_len: int = 512,
+                       calibration_source: str | os.PathLike | TextSource | None = None) -> TokenWindows:
     """floor(n_tokens / seq_len) consecutive non-overlapping windows from the evaluation part.
 
-    Windows start at the first token of the evaluation part (last 20 % of documents, or the
-    hub's test/validation split), so every run scores exactly the same text.
+    Windows start at the first token of the part ``evaluation_part`` names: the last 20 % of the
+    documents when ``calibration_source`` is the same source (or None), the whole source from its
+    start when calibration reads another one, or the hub's test/validation split; so every run
+    scores exactly the same text, and the protocol's ``part`` says which.
     """
-    ids, split, name, bos, width = _prepare(tokenizer, source, "evaluation", n_tokens, seq_len)
+    part = evaluation_part(source, calibration_source)
+    ids, split, name, bos, width = _prepare(tokenizer, source, part, n_tokens, seq_len)
     n_windows, available = max(1, n_tokens // seq_len), ids.numel()
     if available < n_windows * width:
         fix = (f"n_tokens (at most {(available // width) * seq_len})" if available >= width
                else f"seq_len (at most {available + (bos is not None)})")
-        raise ValueError(f"{describe_source(source, 'evaluation')} has {available} tokens: "
+        raise ValueError(f"{describe_source(source, part)} has {available} tokens: "
                          f"{n_windows} windows of {seq_len} need {n_windows * width}. Lower "
                          f"{fix}, or use a longer source.")
     chunks = ids[: n_windows * width].view(n_windows, width).clone()  # (n_windows, width), not a view of the cache

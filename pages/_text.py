@@ -34,7 +34,8 @@ def text_inputs(cfg: DeployConfig, kind: str, key: str) -> Callable[[], object]:
         upload = st.file_uploader("A .txt file (documents split by blank lines) or .jsonl ('text' field)",
                                   type=["txt", "jsonl"], key=f"{key}_upload")
     elif kind == "path":
-        other = st.text_input("Local .txt or .jsonl file", key=f"{key}_path", placeholder="data/calib.txt")
+        other = st.text_input("Local text file (plain text, any extension, or .jsonl)", key=f"{key}_path",
+                              placeholder="data/calib.txt")
     elif kind == "dataset":
         other = st.text_input("Dataset (needs network and the datasets package)", key=f"{key}_dataset",
                               placeholder="wikitext-2-raw-v1  ·  c4  ·  ptb  ·  hf:NAME[:CONFIG]")
@@ -53,12 +54,11 @@ def resolve_text(cfg: DeployConfig, kind: str, upload, other: str):
         try:
             return TextSource.from_string(upload.name, data.decode("utf-8"))
         except UnicodeDecodeError:
-            raise ValueError(f"{upload.name} is not UTF-8 text.") from None
+            raise ValueError(f"{upload.name} is not UTF-8 text. Convert it first, e.g. iconv -f latin1 -t utf-8 "
+                             f"'{upload.name}' > converted.txt (use the file's real encoding), and upload that.") from None
     name = other.strip()
     if not name:
         raise ValueError(f"Type a {'file path' if kind == 'path' else 'dataset name'} first.")
-    if kind == "path" and not name.lower().endswith((".txt", ".jsonl")):
-        raise ValueError(f"{name}: a local text must be a .txt or .jsonl file.")
     cfg.check_text_source(name)
     return name
 

@@ -36,7 +36,9 @@ FRAMED = "ghosted.framed"  # set by app.py while it runs a page
 DEEP_LINK = "ghosted.deep_link"  # page asked for before app.py had ever run on this server
 RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVAL, GENERATIONS)  # what a model switch invalidates
 
-USER_ERRORS = (ValueError, FileNotFoundError, ModelLoadError, SourceUnavailableError)
+# What a user can cause (a wrong value or kind of value, a missing or unreadable file, a model or text that
+# cannot be loaded): shown with st.error and its message, never as a traceback (st.exception).
+USER_ERRORS = (ValueError, TypeError, OSError, ModelLoadError, SourceUnavailableError)
 DEFAULT_SPEC = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "device_map": None,
                 "trust_remote_code": False}
 Progress = Callable[[str, int, int], None]

@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import sys
+import traceback
 
 SUBCOMMANDS = ["run", "influence", "grid", "export"]  # modules in ghosted/cli/, in --help order
 
@@ -14,6 +15,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m ghosted",
         description="Prune whole decoder layers from a causal LM and recover them without training.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error (anywhere on the command line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         try:
@@ -26,11 +29,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors a user can cause (a wrong value, a missing or unwritable file, a model or text that cannot be
+# loaded): one line on stderr and exit code 2. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError, RuntimeError)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; argparse mistakes exit 2 with usage, user errors return 2 with one line."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted before or after the subcommand
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+
+
+def one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line (a few library messages span several)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text + ("" if text.endswith((".", ")")) else ".") + " (--debug shows the traceback)"

@@ -28,8 +28,9 @@ def add_text_args(p: argparse.ArgumentParser, calib: bool = True, evaluation: bo
     g = p.add_argument_group("text and protocol")
     if calib:
         g.add_argument("--calib", default="bundled:news",
-                       help="calibration text: bundled:news, bundled:wiki, a .txt/.jsonl file, or a "
-                            "dataset name (wikitext-2-raw-v1, c4, ptb, hf:NAME[:CONFIG]) when online")
+                       help="calibration text: bundled:news, bundled:wiki, a plain-text file (any extension, "
+                            "UTF-8) or a .jsonl file, or a dataset name (wikitext-2-raw-v1, c4, ptb, "
+                            "hf:NAME[:CONFIG]) when online")
         g.add_argument("--calib-seqs", type=int, default=32, help="calibration sequences (default 32)")
         g.add_argument("--seq-len", type=int, default=256, help="calibration sequence length (default 256)")
         g.add_argument("--heldout-seqs", type=int, default=8,
@@ -37,10 +38,26 @@ def add_text_args(p: argparse.ArgumentParser, calib: bool = True, evaluation: bo
         g.add_argument("--seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
     if evaluation:
         g.add_argument("--eval", default="bundled:wiki",
-                       help="evaluation text, same choices as --calib (default bundled:wiki)")
+                       help="evaluation text, same choices as --calib (default bundled:wiki); the same "
+                            "source as --calib is split (calibration: first 80 %%, evaluation: last 20 %%), "
+                            "another one is read whole, from its start")
         g.add_argument("--eval-tokens", type=int, default=16384, help="evaluation tokens (default 16384)")
         g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window (default 512)")
     g.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
+
+
+def add_dry_run(p: argparse.ArgumentParser) -> None:
+    """``--dry-run``: validate every setting and print the plan, reading the model's config only."""
+    p.add_argument("--dry-run", action="store_true",
+                   help="check every setting and print the plan (model, layers, windows, methods, estimated "
+                        "forward passes) without loading weights or computing anything")
+
+
+def facts_from_args(args):
+    """The model's layer count and positions from its config alone (for ``--dry-run``)."""
+    from ghosted.validate import model_facts
+
+    return model_facts(args.model, trust_remote_code=args.trust_remote_code)
 
 
 def load_from_args(args):
@@ -57,18 +74,6 @@ def write_json(path: str | None, payload: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(payload, indent=2, default=str))
     print(f"wrote {path}", file=sys.stderr)
-
-
-def check_output_file(path: str | None) -> None:
-    """Refuse, before the model is loaded, an output file that cannot be written: a folder, or a
-    path under a file or an unwritable folder (``None``: no file asked for)."""
-    from ghosted.assets import check_can_create
-
-    if not path:
-        return
-    if Path(path).expanduser().is_dir() or str(path).endswith(("/", "\\")):
-        raise ValueError(f"--out {path} is a folder; give a file name, e.g. {Path(path) / 'results.json'}.")
-    check_can_create(path)
 
 
 def check_output_folder(path: str, overwrite: bool = True, model: str | None = None) -> Path:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ghosted.cli.common import add_model_args, add_text_args, check_output_folder, load_from_args
+from ghosted.cli.common import (
+    add_dry_run, add_model_args, add_text_args, check_output_folder, facts_from_args, load_from_args)
 from ghosted.recover import METHODS
 
 
@@ -38,21 +39,25 @@ def add_parser(sub) -> None:
                         "model's own folder or Ghosted's cache)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the model already in --out (removed once the new one is complete)")
+    add_dry_run(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
-    from ghosted.arch import num_layers
     from ghosted.calibration import CalibrationConfig
     from ghosted.export import save_recovered
     from ghosted.pipeline import split_calibration
-    from ghosted.pruning import parse_layers
     from ghosted.recover import RecoveryConfig, recover
     from ghosted.text import calibration_windows
+    from ghosted.validate import check_export, check_export_model, facts_of_model, plan_export
 
     check_output_folder(args.out, args.overwrite, args.model)  # before loading: a typo costs nothing
+    check_export(args)  # every setting, before the model is loaded
+    if args.dry_run:
+        print(plan_export(args, facts_from_args(args)))
+        return 0
     lm = load_from_args(args)
-    drop = parse_layers(args.drop, num_layers(lm.model))  # fail before calibrating, not after
+    drop = check_export_model(args, facts_of_model(lm.model))  # fail before calibrating, not after
     calib = calibration_windows(lm.tokenizer, args.calib, args.calib_seqs + args.heldout_seqs,
                                 args.seq_len, args.seed)
     fit, heldout = split_calibration(calib, args.heldout_seqs)

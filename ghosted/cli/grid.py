@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ghosted.cli.common import add_model_args, add_text_args, check_output_folder, load_from_args
+from ghosted.cli.common import (
+    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args)
 
 
 def _list(text: str) -> list[str]:
@@ -35,20 +36,26 @@ def add_parser(sub) -> None:
                    help="tokens per evaluation text (capped at what its evaluation part holds)")
     g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window")
     p.add_argument("--out-dir", default="grid", help="folder for grid.csv, grid.md and grid.json")
+    add_dry_run(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
     from ghosted.grid import GridConfig, run_grid
     from ghosted.recover import METHODS
+    from ghosted.validate import check_grid, check_out_dir, parse_counts, plan_grid
 
-    check_output_folder(args.out_dir)  # a bad --out-dir fails now, not after all the work
     methods = ["dense", *METHODS] if args.methods == "all" else _list(args.methods)
-    cfg = GridConfig(model=args.model, selections=_list(args.selections), n_values=[int(n) for n in _list(args.n)],
+    cfg = GridConfig(model=args.model, selections=_list(args.selections), n_values=parse_counts(args.n, "--n"),
                      methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,
                      heldout_seqs=args.heldout_seqs, evals=_list(args.evals), eval_tokens=args.eval_tokens,
                      eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype, seed=args.seed,
                      batch_size=args.batch_size)
+    check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
+    check_grid(cfg)  # every setting, before the model is loaded
+    if args.dry_run:
+        print(plan_grid(cfg, facts_from_args(args)))
+        return 0
     result = run_grid(cfg, loaded=load_from_args(args), progress=lambda line: print(line, file=sys.stderr))
     print(result.markdown())
     for path in result.save(args.out_dir):

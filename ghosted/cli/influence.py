@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ghosted.cli.common import add_model_args, add_text_args, check_output_folder, load_from_args
+from ghosted.cli.common import (
+    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args)
 
 GROUPS = {"single": "every criterion of the one shared forward pass (incl. recoverability)",
           "all": "everything, incl. ppl_single and sleb (one forward pass per candidate layer) and taylor "
@@ -13,7 +14,7 @@ GROUPS = {"single": "every criterion of the one shared forward pass (incl. recov
 
 
 def add_parser(sub) -> None:
-    from ghosted.layer_influence import CRITERIA
+    from ghosted.layer_influence import CRITERIA, alias_text
 
     p = sub.add_parser("influence", help="score every layer and contiguous block by each selection criterion",
                        description="Compute layer-selection criteria (ShortGPT, Gromov angular distance, "
@@ -29,7 +30,7 @@ def add_parser(sub) -> None:
     g.add_argument("--metrics", default="single",
                    help="comma list of criteria or groups. Groups: "
                         + "; ".join(f"{k}: {v}" for k, v in GROUPS.items())
-                        + ". Criteria: " + ", ".join(CRITERIA))
+                        + ". Criteria: " + ", ".join(CRITERIA) + ". Aliases: " + alias_text())
     g.add_argument("--n-values", default="all",
                    help="block sizes n of the block criteria, e.g. '7,11' or '5-9'; 'all' = 1..L-1")
     g.add_argument("--recoverability-n", default="auto",
@@ -45,12 +46,13 @@ def add_parser(sub) -> None:
     g.add_argument("--max-gram-gib", type=float, default=4.0,
                    help="refuse recoverability Gram blocks beyond this many GiB")
     p.add_argument("--out-dir", default="influence", help="folder for the CSV and JSON files")
+    add_dry_run(p)
     p.set_defaults(handler=handle)
 
 
 def parse_metrics(text: str, with_heldout: bool) -> list[str]:
     """Expand groups and check names; ``recoverability_heldout`` needs held-out windows."""
-    from ghosted.layer_influence import CRITERIA, SINGLE_PASS
+    from ghosted.layer_influence import ALIASES, CRITERIA, SINGLE_PASS, alias_text
 
     names: list[str] = []
     for part in filter(None, (x.strip() for x in text.split(","))):
@@ -58,10 +60,13 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
             names += SINGLE_PASS
         elif part == "all":
             names += list(CRITERIA)
-        elif part in CRITERIA:
-            names.append(part)
+        elif part.lower() in CRITERIA or part.lower() in ALIASES:
+            names.append(ALIASES.get(part.lower(), part.lower()))
         else:
-            raise ValueError(f"Unknown criterion {part!r}; choose from {', '.join([*GROUPS, *CRITERIA])}.")
+            raise ValueError(f"Unknown criterion {part!r}; choose from {', '.join([*GROUPS, *CRITERIA])}, or an "
+                             f"alias: {alias_text()}.")
+    if not names:
+        raise ValueError(f"Give at least one criterion (--metrics), e.g. single or {', '.join(CRITERIA)}.")
     if not with_heldout:
         names = [m for m in names if m != "recoverability_heldout"]
     return list(dict.fromkeys(names))
@@ -71,15 +76,20 @@ def handle(args) -> int:
     from ghosted.arch import num_layers
     from ghosted.layer_influence import InfluenceConfig, influence
     from ghosted.pipeline import split_calibration
-    from ghosted.pruning import parse_layers
     from ghosted.selection import selections
     from ghosted.text import calibration_windows
+    from ghosted.validate import facts_of_model, plan_influence
 
-    check_output_folder(args.out_dir)  # a bad --out-dir fails now, not after all the work
+    metrics, n_values = check_args(args)  # every setting, before the model is loaded
+    if args.dry_run:
+        facts = facts_from_args(args)
+        _check_model(args, n_values, facts)
+        print(plan_influence(args, metrics, facts))
+        return 0
     lm = load_from_args(args)
-    n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
+    _check_model(args, n_values, facts_of_model(lm.model))  # before any forward pass
     rec_n = _recoverability_n(args.recoverability_n.strip(), n_values, num_layers(lm.model))
-    cfg = InfluenceConfig(metrics=parse_metrics(args.metrics, args.heldout_seqs > 0), n_values=n_values,
+    cfg = InfluenceConfig(metrics=metrics, n_values=n_values,
                           recoverability_n_values=rec_n,
                           batch_size=args.batch_size, eps=args.eps,
                           candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
@@ -97,6 +107,40 @@ def handle(args) -> int:
     for path in [*paths, paths[0].parent / "selections.csv"]:
         print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def check_args(args) -> tuple[list[str], list[int] | None]:
+    """Every setting that needs no model: (criteria, block sizes or None for all)."""
+    from ghosted.pruning import parse_layers
+    from ghosted.validate import check_calibration, check_count, check_eps, check_out_dir
+
+    check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
+    check_calibration(args)
+    check_eps(args.eps)
+    check_count("candidate_windows", args.candidate_windows, minimum=0)
+    check_count("sleb_steps", args.sleb_steps, minimum=0)
+    if not args.max_gram_gib > 0:
+        raise ValueError(f"max_gram_gib (--max-gram-gib) must be above 0; got {args.max_gram_gib}.")
+    metrics = parse_metrics(args.metrics, args.heldout_seqs > 0)
+    n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
+    _check_n_values(n_values, None)
+    return metrics, n_values
+
+
+def _check_n_values(n_values: list[int] | None, total: int | None) -> None:
+    """Block sizes 1 .. L-1."""
+    from ghosted.validate import check_n
+
+    for n in n_values or []:
+        check_n(n, total, "n_values")
+
+
+def _check_model(args, n_values: list[int] | None, facts) -> None:
+    """Block sizes within the model's layers, windows within its positions."""
+    from ghosted.validate import check_positions
+
+    _check_n_values(n_values, facts.layers)
+    check_positions(facts.max_positions, seq_len=args.seq_len)
 
 
 def _recoverability_n(text: str, n_values: list[int] | None, total: int) -> list[int] | None:

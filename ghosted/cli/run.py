@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from ghosted.cli.common import add_model_args, add_text_args, check_output_file, load_from_args, write_json
+from ghosted.cli.common import (
+    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args, write_json)
 from ghosted.recover import METHODS
 
 
 def add_parser(sub) -> None:
+    from ghosted.layer_influence import alias_text
+
     p = sub.add_parser("run", help="prune layers, recover them with each method, report perplexity",
                        description="Prune layers, fit each recovery method on calibration text, and "
                                    "print perplexity with its protocol.",
@@ -20,7 +23,8 @@ def add_parser(sub) -> None:
                    help="layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
     g.add_argument("--select", default="", metavar="METRIC",
                    help="instead of --drop, let this influence criterion choose the layers "
-                        "(see 'python -m ghosted influence --help'), e.g. recoverability")
+                        "(see 'python -m ghosted influence --help'), e.g. recoverability; aliases: "
+                        + alias_text())
     g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
     g.add_argument("--methods", default="dense,none,ghost-auto",
                    help=f"comma list from: dense, {', '.join(METHODS)} (ghost-auto: the paper's fit or the "
@@ -35,13 +39,14 @@ def add_parser(sub) -> None:
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
     p.add_argument("--out", default=None, help="write the JSON report here")
+    add_dry_run(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
     from ghosted.pipeline import RunConfig, format_table, run_experiment
+    from ghosted.validate import check_out_file, check_run, plan_run
 
-    check_output_file(args.out)  # a bad --out fails now, not after all the work
     cfg = RunConfig(model=args.model, calib=args.calib, eval=args.eval, calib_seqs=args.calib_seqs,
                     seq_len=args.seq_len, heldout_seqs=args.heldout_seqs, eval_tokens=args.eval_tokens,
                     eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype,
@@ -49,6 +54,11 @@ def handle(args) -> int:
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
                     solver=args.solver, batch_size=args.batch_size)
+    check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
+    check_run(cfg)  # every setting, before the model is loaded
+    if args.dry_run:
+        print(plan_run(cfg, facts_from_args(args)))
+        return 0
     report, _ = run_experiment(cfg, loaded=load_from_args(args))
     print(format_table(report))
     write_json(args.out, report)

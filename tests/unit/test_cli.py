@@ -26,7 +26,7 @@ def test_run_help_documents_every_flag():
 
 
 def test_bad_layer_spec_is_a_clear_error(capsys, bundled):
-    code = main(["run", "--drop", "28-40", "--methods", "none", "--eval-tokens", "256"])
+    code = main(["run", "--drop", "28-40", "--methods", "none", "--eval-tokens", "256", "--eval-seq-len", "256"])
     assert code == 2
     assert "do not exist" in capsys.readouterr().err
 

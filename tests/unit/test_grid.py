@@ -86,7 +86,7 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
     lm, result = tiny_grid
     cfg = small_config()
     for source in cfg.evals:
-        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.eval_tokens, cfg.eval_seq_len)
+        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
         rows = result.frame[result.frame["eval"] == source]
         dense = perplexity(lm.model, windows, batch_size=2, show_tqdm=False).ppl
         assert rows[rows.method == "dense"].ppl.tolist() == pytest.approx([dense] * 4, rel=1e-9)

@@ -355,7 +355,7 @@ def bad_target_cases(tmp_path: Path, model: Path, cache: Path) -> list[tuple[lis
         ([*export, str(model), "--overwrite"], "is the folder the model was loaded from"),
         ([*export, str(model / "pruned")], "is inside the folder the model was loaded from"),
         ([*export, str(cache / "models" / "x"), "--overwrite"], "inside Ghosted's cache"),
-        (["run", "--model", str(model), "--drop", "2", "--out", str(full)], "is a folder; give a file name"),
+        (["run", "--model", str(model), "--drop", "2", "--out", str(full)], "is a folder; name a file"),
         (["run", "--model", str(model), "--drop", "2", "--out", str(tmp_path / "new") + "/"], "is a folder"),
         (["run", "--model", str(model), "--drop", "2", "--out", str(file / "r.json")], "is a file, not a folder"),
         (["influence", "--model", str(model), "--out-dir", str(file)], "is a file, not a folder"),
