@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-SUBCOMMANDS = ["run", "influence", "grid", "export"]  # modules in ghosted/cli/, in --help order
+SUBCOMMANDS = ["run", "influence", "grid", "export", "cache"]  # modules in ghosted/cli/, in --help order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,3 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no traceback; what finished was saved by the subcommand
+        print("interrupted.", file=sys.stderr)
+        return 130

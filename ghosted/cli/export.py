@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     g.add_argument("--no-fold", action="store_true",
                    help="keep ReplaceMe's map as a hooked operator instead of folding it into weights")
     p.add_argument("--out", required=True, help="folder to write the model, operators and recipe to")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compute calibration statistics again instead of reusing (and saving) them")
     p.set_defaults(handler=handle)
 
 
@@ -54,7 +56,7 @@ def handle(args) -> int:
     config = RecoveryConfig(eps=args.eps, solver=args.solver, mode=args.ghost_mode,
                             granularity=args.granularity, replaceme_fold=not args.no_fold,
                             calibration=CalibrationConfig(batch_size=args.batch_size, seed=args.seed))
-    run = recover(lm.model, drop, [args.method], fit, heldout, config)
+    run = recover(lm.model, drop, [args.method], fit, heldout, config, cache=not args.no_cache)
     out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run)
     print(describe_folder(out))
     return 0

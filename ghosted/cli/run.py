@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ghosted.cli.common import add_model_args, add_text_args, load_from_args, write_json
 from ghosted.recover import METHODS
@@ -34,7 +35,11 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
-    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
+                                                 "with \"complete\": false, when the run is stopped)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compute calibration statistics again instead of reusing (and saving) them; "
+                        "see 'python -m ghosted cache'")
     p.set_defaults(handler=handle)
 
 
@@ -47,8 +52,29 @@ def handle(args) -> int:
                     seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size)
-    report, _ = run_experiment(cfg, loaded=load_from_args(args))
+                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache)
+    try:
+        report, _ = run_experiment(cfg, loaded=load_from_args(args))
+    except (Exception, KeyboardInterrupt) as err:
+        return report_stopped(args, err)
     print(format_table(report))
     write_json(args.out, report)
     return 0
+
+
+def report_stopped(args, err: BaseException) -> int:
+    """A stopped run: print and write what finished (``"complete": false``); Ctrl-C exits 130.
+
+    Any other error goes on to the command line's one-line message, after the partial report.
+    """
+    from ghosted.pipeline import format_table
+
+    partial = getattr(err, "partial_report", None)
+    if partial is not None:
+        print(format_table(partial))
+        write_json(args.out, partial)
+    if not isinstance(err, KeyboardInterrupt):
+        raise err
+    done = partial["stopped"]["finished"] if partial else "nothing had finished"
+    print(f"interrupted: {done}.", file=sys.stderr)
+    return 130
