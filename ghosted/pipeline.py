@@ -132,10 +132,11 @@ class _RunState:
 
     def _unevaluated(self) -> list[dict]:
         """Entries of the fitted models, without perplexity (the run stopped before evaluating)."""
+        dense = [result_entry("dense", None, None, None, self.lm.model)] if "dense" in self.cfg.methods else []
         if self.run is None:
-            return []
+            return dense if self.stage == "evaluation" else []
         errors = self.run.errors()
-        return [result_entry(name, None, self.run, errors, r.model) for name, r in self.run.results.items()]
+        return dense + [result_entry(name, None, self.run, errors, r.model) for name, r in self.run.results.items()]
 
     def _finished(self) -> str:
         if self.entries:
@@ -158,7 +159,7 @@ def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple
     state.dropped, state.selection = dropped, selection
     methods = list(dict.fromkeys(cfg.methods))
     eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
-    state.eval_protocol = dict(eval_windows.protocol)
+    state.eval_protocol = {**eval_windows.protocol, "dtype": lm.dtype, "device": lm.device}
     run = None
     recovery_methods = [m for m in methods if m != "dense"]
     if recovery_methods:

@@ -41,8 +41,9 @@ def test_ctrl_c_during_evaluation_keeps_every_fitted_method(monkeypatch):
     assert report["complete"] is False
     assert report["stopped"]["stage"] == "evaluation" and report["stopped"]["by"] == "interrupted (Ctrl-C)"
     assert "none evaluated" in report["stopped"]["finished"]
-    assert [e["method"] for e in report["results"]] == ["none", "ghost", "replaceme-ls"]
-    for entry in report["results"]:
+    assert [e["method"] for e in report["results"]] == ["dense", "none", "ghost", "replaceme-ls"]
+    assert report["results"][0]["ppl"] is None and "statistics" not in report["results"][0]
+    for entry in report["results"][1:]:
         assert entry["ppl"] is None and entry["evaluated"] is False and entry["statistics"] == "computed"
         assert 0 <= entry["heldout_boundary_error"] and entry["calib_seconds"] >= 0
     assert report["protocol"]["evaluation"]["n_windows"] == 2 and report["dropped"] == [2, 3]
@@ -91,7 +92,7 @@ def test_cli_ctrl_c_writes_partial_json_prints_the_table_and_exits_130(monkeypat
     assert main([*RUN_ARGS, "--out", str(out)]) == 130
     captured = capsys.readouterr()
     report = json.loads(out.read_text())
-    assert report["complete"] is False and [e["method"] for e in report["results"]] == ["none", "ghost"]
+    assert report["complete"] is False and [e["method"] for e in report["results"]] == ["dense", "none", "ghost"]
     assert "ghost" in captured.out and "not run" in captured.out
     assert "interrupted" in captured.err and "Traceback" not in captured.err
 
