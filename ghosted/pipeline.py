@@ -144,8 +144,10 @@ class _RunState:
         if self.run is not None:
             return (f"{len(self.run.results)} method(s) fitted, none evaluated (all models are scored "
                     "together, batch by batch, so no perplexity had finished)")
-        saved = " (calibration statistics finished so far are cached)" if self.cfg.cache else ""
-        return "no model fitted or evaluated" + saved
+        from ghosted.stats_cache import model_identity
+
+        cached = self.cfg.cache and model_identity(self.lm.model) is not None
+        return "no model fitted or evaluated" + (" (calibration statistics finished so far are cached)" if cached else "")
 
 
 def _reason(err: BaseException) -> str:
