@@ -226,3 +226,14 @@ def test_grid_cli_ctrl_c_exits_130_and_says_how_to_resume(monkeypatch, tmp_path,
     err = capsys.readouterr().err
     assert "--resume" in err and "Traceback" not in err
     assert "selection" in (tmp_path / "grid.jsonl").read_text()  # the influence pass's choice is kept
+
+
+def test_a_journal_line_cut_short_by_a_crash_is_done_again(counted, tmp_path):
+    lm, cfg = tiny_loaded(), small_config(**GRID)
+    run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path)
+    cells = len(counted)
+    journal = tmp_path / "grid.jsonl"
+    lines = journal.read_text().splitlines()
+    journal.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]) + "\n")  # last cell half-written
+    resumed = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
+    assert len(counted) == cells + 1 and len(resumed.meta["resumed"]) == cells - 1
