@@ -242,3 +242,19 @@ def test_cache_command_lists_and_clears(folder_model, capsys):
     assert "cleared" in capsys.readouterr().out
     assert not any(stats_dir().glob("*")) if stats_dir().exists() else True
     assert main(["cache"]) == 0 and "0 entries" in capsys.readouterr().out
+
+
+def test_export_after_run_reuses_the_runs_statistics(folder_model, monkeypatch):
+    """``export --method ghost-auto`` builds its windows and settings as ``run`` does: no new pass."""
+    from ghosted import stats_cache
+    from ghosted.pipeline import split_calibration
+    from ghosted.text import calibration_windows
+
+    settings = {**RUN, "methods": ["dense", "none", "ghost-auto"]}
+    run_experiment(RunConfig(**settings), loaded=loaded(folder_model), show_tqdm=False)
+    calib = calibration_windows(CharTokenizer(), "bundled:news", 4 + 2, 32, 0)  # what cli/export.py does
+    fit_windows, held = split_calibration(calib, 2)
+    monkeypatch.setattr(stats_cache, "collect_stats", lambda *a, **k: pytest.fail("calibration ran again"))
+    config = RecoveryConfig(calibration=CalibrationConfig(batch_size=2, seed=0))
+    exported = recover(folder_model, "2-3", ["ghost-auto"], fit_windows, held, config, show_tqdm=False, cache=True)
+    assert exported.results["ghost-auto"].statistics == "reused"
