@@ -19,6 +19,8 @@ A later ``run``, ``export``, grid cell or app action with the same key loads the
 of running the model; ``--no-cache`` turns this off. Entries are written atomically (a temporary file
 renamed into place, the JSON last), and an entry that cannot be read back is ignored with a warning
 and recomputed. The folder is ``$GHOSTED_STATS_CACHE``, else ``ghosted.assets.cache_dir() / "stats"``.
+Statistics grow with the width squared (about 1.3 GB per gap and pass at d = 4096), so the least
+recently used entries are deleted beyond ``$GHOSTED_STATS_CACHE_GB`` (default 20 GB).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from ghosted.calibration import CalibrationConfig, Gap, collect_stats
 from ghosted.stats import BoundaryStats, TokenReservoir
 
 FORMAT = 1  # bump when the stored layout changes: older entries then simply stop matching
+DEFAULT_LIMIT_GB = 20.0  # total size kept on disk unless $GHOSTED_STATS_CACHE_GB says otherwise
 _SCALARS = ("start", "end", "dim", "n_tokens", "n_samples")  # BoundaryStats fields kept in the JSON
 
 
@@ -223,8 +226,10 @@ class CacheEntry:
 class StatsCache:
     """The on-disk statistics cache (``folder``: ``stats_dir()`` unless given)."""
 
-    def __init__(self, folder: str | Path | None = None):
+    def __init__(self, folder: str | Path | None = None, limit_gb: float | None = None):
         self.folder = Path(folder) if folder else stats_dir()
+        self.limit_gb = limit_gb if limit_gb is not None else float(
+            os.environ.get("GHOSTED_STATS_CACHE_GB", DEFAULT_LIMIT_GB))  # older entries go beyond this
 
     def _paths(self, digest: str) -> tuple[Path, Path]:
         return self.folder / f"{digest}.safetensors", self.folder / f"{digest}.json"
@@ -249,6 +254,7 @@ class StatsCache:
                           "computing them again.", RuntimeWarning, stacklevel=3)
             return None
         _restore_detector(detector, meta.get("detector"))
+        os.utime(meta_path)  # recently used: the last to be evicted
         return stats
 
     def store(self, key: dict, stats: dict[Gap, BoundaryStats], detector=None) -> Path:
@@ -272,7 +278,24 @@ class StatsCache:
         finally:
             for tmp in (tmp_tensors, tmp_meta):
                 tmp.unlink(missing_ok=True)
+        self.evict(keep=digest)
         return meta_path
+
+    def evict(self, keep: str = "") -> list[str]:
+        """Delete the least recently used entries until the total is within ``limit_gb``; never ``keep``."""
+        entries = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)  # oldest first
+        sizes = {p: p.stat().st_size + _size(p.with_suffix(".safetensors")) for p in entries}
+        total, removed = sum(sizes.values()), []
+        for meta_path in entries:
+            if total <= self.limit_gb * 2**30:
+                break
+            if meta_path.stem == keep:
+                continue
+            meta_path.unlink(missing_ok=True)  # the JSON first: the entry is gone before its tensors are
+            meta_path.with_suffix(".safetensors").unlink(missing_ok=True)
+            total -= sizes[meta_path]
+            removed.append(meta_path.stem)
+        return removed
 
     def entries(self) -> list[CacheEntry]:
         """Every readable entry, newest first (unreadable JSON files are listed as such)."""
@@ -297,6 +320,10 @@ class StatsCache:
         freed = sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
         shutil.rmtree(self.folder)
         return freed
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
 
 
 def describe_identity(identity: dict) -> str:

@@ -258,3 +258,14 @@ def test_export_after_run_reuses_the_runs_statistics(folder_model, monkeypatch):
     config = RecoveryConfig(calibration=CalibrationConfig(batch_size=2, seed=0))
     exported = recover(folder_model, "2-3", ["ghost-auto"], fit_windows, held, config, show_tqdm=False, cache=True)
     assert exported.results["ghost-auto"].statistics == "reused"
+
+
+def test_least_recently_used_entries_go_beyond_the_size_limit(folder_model, tmp_path):
+    cache = StatsCache(tmp_path / "stats")
+    fit(folder_model, cache, drop="1")
+    one_run = sum(p.stat().st_size for p in cache.folder.iterdir())
+    limited = StatsCache(cache.folder, limit_gb=1.2 * one_run / 2**30)  # room for one run's two entries
+    fit(folder_model, limited, drop="2")  # the "1" entries are the oldest: they go
+    assert len(list(cache.folder.glob("*.json"))) == 2
+    assert fit(folder_model, limited, drop="2").statistics == {"calibration": "reused", "held-out": "reused"}
+    assert fit(folder_model, limited, drop="1").statistics["calibration"] == "computed"
