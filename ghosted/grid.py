@@ -199,7 +199,8 @@ def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
     the model's identity (so a changed checkpoint at the same path is not mistaken for the old one)."""
     from ghosted.stats_cache import model_identity
 
-    settings = {k: v for k, v in asdict(cfg).items() if k not in ("selections", "n_values", "methods", "evals", "cache")}
+    which_cells = ("selections", "n_values", "methods", "evals", "cache")  # part of each record's key instead
+    settings = {k: v for k, v in asdict(cfg).items() if k not in which_cells}
     settings["model_identity"] = model_identity(lm.model)
     settings["model_name"] = lm.name
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:24]

@@ -147,7 +147,8 @@ class _RunState:
         from ghosted.stats_cache import model_identity
 
         cached = self.cfg.cache and model_identity(self.lm.model) is not None
-        return "no model fitted or evaluated" + (" (calibration statistics finished so far are cached)" if cached else "")
+        saved = " (calibration statistics finished so far are cached)" if cached else ""
+        return "no model fitted or evaluated" + saved
 
 
 def _reason(err: BaseException) -> str:
@@ -253,6 +254,10 @@ def format_table(report: dict) -> str:
     if cal:
         lines.append(f"calibration: {cal.get('source')} ({cal.get('part')}), {cal.get('n_windows')} x "
                      f"{cal.get('seq_len')} tokens, seed {cal.get('seed')}")
+    statistics = sorted({e["statistics"] for e in report["results"] if e.get("statistics")})
+    if statistics:
+        lines.append(f"calibration statistics: {' and '.join(statistics)} (reuse is keyed by model, windows, "
+                     "gaps and settings; --no-cache turns it off)")
     if report.get("complete") is False:
         stop = report.get("stopped", {})
         lines.append(f"INCOMPLETE: {stop.get('by')} during {stop.get('stage')}; {stop.get('finished')}")

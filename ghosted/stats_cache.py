@@ -266,7 +266,8 @@ class StatsCache:
         tensors_path, meta_path = self._paths(digest)
         tensors, stats_meta = _flatten(stats)
         tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp_tensors, tmp_meta = tensors_path.with_name(tensors_path.name + tag), meta_path.with_name(meta_path.name + tag)
+        tmp_tensors = tensors_path.with_name(tensors_path.name + tag)
+        tmp_meta = meta_path.with_name(meta_path.name + tag)
         try:
             save_file(tensors, str(tmp_tensors))
             meta = {"key": key, "stats": stats_meta, "detector": _detector_state(detector),

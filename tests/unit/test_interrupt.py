@@ -68,7 +68,8 @@ def test_ctrl_c_during_calibration_keeps_the_finished_pass(monkeypatch, tmp_path
         run_experiment(RunConfig(**RUN), loaded=loaded(model), show_tqdm=False)
     report = caught.value.partial_report
     assert report["complete"] is False and report["stopped"]["stage"] == "calibration and fitting"
-    assert report["results"] == [] and "calibration statistics finished so far are cached" in report["stopped"]["finished"]
+    assert report["results"] == []
+    assert "calibration statistics finished so far are cached" in report["stopped"]["finished"]
     monkeypatch.setattr(stats_cache, "collect_stats", real)
     again, run = run_experiment(RunConfig(**RUN), loaded=loaded(model), show_tqdm=False)
     assert run.statistics == {"calibration": "reused", "held-out": "computed"} and again["complete"] is True
@@ -168,7 +169,8 @@ def test_grid_resume_skips_every_finished_cell(counted, tmp_path):
     lm, cfg = tiny_loaded(), small_config(**GRID)
     first = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path)
     cells = len(counted)
-    assert cells >= 2 and len((tmp_path / "grid.jsonl").read_text().splitlines()) == cells + 4 + 1  # + selections, dense
+    records = (tmp_path / "grid.jsonl").read_text().splitlines()
+    assert cells >= 2 and len(records) == cells + 4 + 1  # + 4 selections, 1 dense text
     resumed = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
     assert len(counted) == cells  # nothing computed again
     assert sorted(resumed.meta["resumed"]) == sorted(first.meta["settings"])
@@ -205,7 +207,8 @@ def test_ctrl_c_in_the_grid_keeps_finished_cells_and_resume_finishes_the_rest(mo
     partial = caught.value.partial_result
     assert partial.meta["complete"] is False and set(partial.frame.layers) == {partial.frame.layers.iloc[0]}
     on_disk = pd.read_csv(tmp_path / "grid.csv")
-    assert len(on_disk) == len(partial.frame) > 0 and json.loads((tmp_path / "grid.json").read_text())["meta"]["complete"] is False
+    assert len(on_disk) == len(partial.frame) > 0
+    assert json.loads((tmp_path / "grid.json").read_text())["meta"]["complete"] is False
     monkeypatch.setattr(grid_module, "evaluate_setting", real)
     resumed = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
     assert len(resumed.meta["resumed"]) == 1 and resumed.meta["complete"] is True

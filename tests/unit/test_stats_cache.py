@@ -120,7 +120,8 @@ def test_anything_that_changes_the_statistics_computes_them_again(folder_model, 
         kwargs["methods"] = ["none", "ghost", "replaceme-ls"]  # ReplaceMe's MLP-branch sums too
     elif change in ("batch", "seed"):
         field = {"batch": "batch_size", "seed": "seed"}[change]
-        kwargs["config"] = RecoveryConfig(calibration=replace(CalibrationConfig(), **{field: 2 if change == "batch" else 7}))
+        value = 2 if change == "batch" else 7
+        kwargs["config"] = RecoveryConfig(calibration=replace(CalibrationConfig(), **{field: value}))
     elif change == "sinks":
         kwargs["config"] = RecoveryConfig(sink_norm_factor=3.0)
     elif change == "dtype":
@@ -147,7 +148,8 @@ def test_no_cache_neither_reads_nor_writes(folder_model, tmp_path):
     assert len(list(folder.glob("*.json"))) == entries == 2  # calibration and held-out passes
 
 
-@pytest.mark.parametrize("damage", ["truncated tensors", "changed byte", "garbled json", "missing tensors", "wrong key"])
+@pytest.mark.parametrize("damage", ["truncated tensors", "changed byte", "garbled json", "missing tensors",
+                                    "wrong key"])
 def test_a_damaged_entry_is_computed_again_with_a_warning(folder_model, tmp_path, damage):
     cache = StatsCache(tmp_path / "stats")
     first = fit(folder_model, cache)
