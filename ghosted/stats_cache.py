@@ -10,7 +10,8 @@ made of everything that determines it:
     converted folder); otherwise the names, sizes and modification times of its folder's files.
     Never a hash of the weights. In-memory variants built by ghosted (pruned views, recovered
     models) have no such identity and are not cached;
-  * the dtype and device type the pass ran in;
+  * the dtype and device type the pass ran in, the torch and transformers versions and the attention
+    implementation (the code that computes the stream);
   * the sha256 of the calibration windows (input ids and attention mask);
   * the gaps, and every setting that changes the statistics (``CalibrationConfig``: batch size,
     ReplaceMe and LinearPatch sums, reservoir size, seed; the sink rule).
@@ -125,8 +126,12 @@ def _rule_of(detector) -> dict | None:
 def cache_key(identity: dict, model: nn.Module, windows, gaps: list[Gap], config: CalibrationConfig,
               detector=None) -> dict:
     """Everything that determines a calibration pass's statistics, as plain JSON."""
+    import transformers
+
     dtype, device = _dtype_device(model)
-    return {"format": FORMAT, "model": identity, "dtype": dtype, "device": device,
+    code = {"torch": torch.__version__, "transformers": transformers.__version__,  # the model's code and kernels
+            "attention": getattr(getattr(model, "config", None), "_attn_implementation", None)}
+    return {"format": FORMAT, "model": identity, "dtype": dtype, "device": device, "code": code,
             "windows": windows_hash(windows), "tokens": int(windows.input_ids.numel()),
             "gaps": [[g.start, g.end] for g in gaps], "calibration": asdict(config),
             "sinks": _rule_of(detector)}

@@ -271,3 +271,10 @@ def test_least_recently_used_entries_go_beyond_the_size_limit(folder_model, tmp_
     assert len(list(cache.folder.glob("*.json"))) == 2
     assert fit(folder_model, limited, drop="2").statistics == {"calibration": "reused", "held-out": "reused"}
     assert fit(folder_model, limited, drop="1").statistics["calibration"] == "computed"
+
+
+def test_other_model_code_computes_again(folder_model, tmp_path, monkeypatch):
+    cache = StatsCache(tmp_path / "stats")
+    fit(folder_model, cache)
+    monkeypatch.setattr(torch, "__version__", "0.0-other")  # another torch may compute other numbers
+    assert fit(folder_model, cache).statistics["calibration"] == "computed"
