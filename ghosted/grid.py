@@ -11,12 +11,19 @@ ShortGPT) and pruning ratios (7 and 11 of 32 layers). This module runs the same 
 
 ``GridResult.frame`` is tidy (one row per setting x method x text); ``markdown()`` renders the table
 that docs/REPRODUCTION.md embeds, ``save()`` writes grid.csv, grid.md and grid.json.
+
+Finished work is kept: with an output folder, every finished part (the layers each selection chose,
+the dense rows, each layer set's cell) is appended to ``grid.jsonl`` as it finishes and the csv/md/json
+files are rewritten; ``resume=True`` takes every part whose key and settings match from that journal
+instead of computing it again, and a Ctrl-C leaves the finished cells on disk.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -63,6 +70,7 @@ class GridConfig:
     dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
     seed: int = 0  # which calibration windows are drawn
     batch_size: int = 4  # windows per forward pass
+    cache: bool = True  # reuse calibration statistics saved earlier, save new ones (never changes a result)
 
     def criterion(self, selection: str) -> str:
         from ghosted.layer_influence import resolve_criterion
@@ -128,7 +136,7 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
     """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation."""
     started = time.perf_counter()
     rec_cfg = RecoveryConfig(calibration=CalibrationConfig(batch_size=cfg.batch_size, seed=cfg.seed))
-    run = recover(model, layers, methods, fit, held, rec_cfg, show_tqdm=show_tqdm)
+    run = recover(model, layers, methods, fit, held, rec_cfg, show_tqdm=show_tqdm, cache=cfg.cache)
     fitted = time.perf_counter()
     errors = run.errors()
     models = {name: r.model for name, r in run.results.items()}
@@ -141,52 +149,195 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
     return rows, timing
 
 
+class GridJournal:
+    """The finished parts of a grid, one JSON line each in ``grid.jsonl``, appended as each finishes.
+
+    A record is ``{"kind", "settings", "key", ...payload}``: ``settings`` is a digest of everything
+    that changes a result (``settings_digest``), ``key`` says which part it is (a selection and n, a
+    dense text, or a cell: its layers, methods and texts). ``resume=False`` starts a new journal.
+    """
+
+    def __init__(self, out_dir: str | Path, resume: bool = False):
+        self.path = Path(out_dir) / "grid.jsonl"
+        self.records = self._read() if resume else []
+        if not resume and self.path.exists():
+            self.path.unlink()
+
+    def _read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:  # a line cut short by a crash: that part is simply done again
+                continue
+        return records
+
+    def find(self, kind: str, settings: str, key: dict) -> dict | None:
+        """The latest record of this part under these settings, or None."""
+        want = json.loads(json.dumps(key, default=str))
+        for record in reversed(self.records):
+            if (record.get("kind"), record.get("settings"), record.get("key")) == (kind, settings, want):
+                return record
+        return None
+
+    def add(self, kind: str, settings: str, key: dict, **payload) -> None:
+        """Append one finished part (flushed and synced, so a crash right after keeps it)."""
+        record = json.loads(json.dumps({"kind": kind, "settings": settings, "key": key, **payload},
+                                       default=_plain))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records.append(record)
+
+
+def _plain(value):
+    """JSON for what the rows may hold besides plain types (numpy numbers, paths)."""
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
+    """What every result of the grid depends on: the settings (not which cells, nor the cache) and
+    the model's identity (so a changed checkpoint at the same path is not mistaken for the old one)."""
+    from ghosted.stats_cache import model_identity
+
+    which_cells = ("selections", "n_values", "methods", "evals", "cache")  # part of each record's key instead
+    settings = {k: v for k, v in asdict(cfg).items() if k not in which_cells}
+    settings["model_identity"] = model_identity(lm.model)
+    settings["model_name"] = lm.name
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
-             show_tqdm: bool = True) -> GridResult:
-    """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.model``."""
+             show_tqdm: bool = True, out_dir: str | Path | None = None, resume: bool = False) -> GridResult:
+    """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.model``.
+
+    ``out_dir``: journal each finished part to ``out_dir/grid.jsonl`` and rewrite the csv/md/json files
+    after each; ``resume``: take the parts the journal already holds. If the grid is stopped (Ctrl-C or
+    an error) after the model is loaded, the exception goes on with ``partial_result``: a GridResult
+    of the finished cells (``meta["complete"]`` False).
+    """
     say = progress or (lambda line: None)
-    started = time.perf_counter()
     validate.check_grid(cfg)  # before loading
+    state = _GridState(cfg, time.perf_counter(), out_dir)
+    try:
+        return _run_grid(cfg, loaded, say, show_tqdm, state, resume)
+    except BaseException as err:  # Ctrl-C included: what finished is on disk; hand it over too
+        if state.meta and isinstance(err, (Exception, KeyboardInterrupt)):
+            err.partial_result = state.result(complete=False)
+        raise
+
+
+@dataclass
+class _GridState:
+    """The grid so far: rows of the finished cells, and the meta."""
+
+    cfg: GridConfig
+    started: float
+    out_dir: str | Path | None
+    meta: dict = field(default_factory=dict)
+    chosen: dict = field(default_factory=dict)  # (selection, n) -> (layers, reason)
+    dense: dict = field(default_factory=dict)  # eval text -> row
+    cells: dict = field(default_factory=dict)  # layers tuple -> rows
+
+    def result(self, complete: bool) -> GridResult:
+        rows = []
+        for (selection, n), (layers, _) in self.chosen.items():
+            setting = {"selection": selection, "criterion": self.cfg.criterion(selection), "n": n,
+                       "layers": format_layers(layers)}
+            cell = self.cells.get(tuple(layers))
+            if cell is not None or not [m for m in self.cfg.methods if m != "dense"]:
+                rows += [{**setting, **r} for r in [*self.dense.values(), *(cell or [])]]
+        meta = {**self.meta, "complete": complete, "versions": versions(),
+                "seconds": round(time.perf_counter() - self.started, 1)}
+        return GridResult(pd.DataFrame(rows), meta)
+
+    def saved(self) -> None:
+        """Rewrite the output files with every finished cell (complete or not)."""
+        if self.out_dir is not None:
+            self.result(complete=False).save(self.out_dir)
+
+
+def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _GridState, resume: bool) -> GridResult:
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     validate.check_grid_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
+    journal = GridJournal(state.out_dir, resume) if state.out_dir is not None else None
+    settings = settings_digest(cfg, lm)
     calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
     fit, held = split_calibration(calib, cfg.heldout_seqs)
     evals = {s: capped_evaluation_windows(lm.tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
              for s in cfg.evals}
+    state.meta = {"config": asdict(cfg), "model": lm.name, "influence_seconds": 0.0, "selections": {},
+                  "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
+                  "notes": [], "settings": {}, "resumed": []}
+    state.chosen = _chosen_layers(lm.model, cfg, fit, held, journal, settings, state, say)
+    state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
+                                             "reason": why} for (s, n), (lay, why) in state.chosen.items()}
+    if "dense" in cfg.methods:
+        _dense_rows(lm.model, cfg, evals, say, show_tqdm, journal, settings, state)
+    recovery = [m for m in dict.fromkeys(cfg.methods) if m != "dense"]
+    for (selection, n), (layers, _) in state.chosen.items():
+        key = tuple(layers)
+        if key in state.cells or not recovery:
+            continue
+        methods, notes = applicable(recovery, layers)
+        cell_key = {"layers": list(layers), "methods": methods, "evals": list(evals)}
+        record = journal.find("cell", settings, cell_key) if journal else None
+        if record is not None:
+            say(f"{selection} n={n}: layers {format_layers(layers)}, finished earlier (resumed)")
+            state.cells[key], timing = record["rows"], record["timing"]
+            state.meta["resumed"].append(format_layers(layers))
+        else:
+            say(f"{selection} n={n}: layers {format_layers(layers)}, {len(methods)} methods")
+            state.cells[key], timing = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg, show_tqdm)
+            if journal:
+                journal.add("cell", settings, cell_key, rows=state.cells[key], timing=timing)
+        state.meta["settings"][format_layers(layers)] = timing
+        state.meta["notes"] += [f"{selection} {n} (layers {format_layers(layers)}): {x}" for x in notes]
+        state.saved()
+    result = state.result(complete=True)
+    if state.out_dir is not None:
+        result.save(state.out_dir)
+    return result
+
+
+def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJournal | None, settings: str,
+                   state: _GridState, say: Progress) -> dict:
+    """(selection, n) -> (layers, reason): from the journal when every one is there, else one influence pass."""
+    wanted = [(s, n) for s in cfg.selections for n in cfg.n_values]
+    found = {w: journal.find("selection", settings, {"selection": w[0], "n": w[1]}) if journal else None
+             for w in wanted}
+    if all(found.values()):
+        say("layers chosen earlier (resumed): " + ", ".join(f"{s} {n}" for s, n in wanted))
+        return {w: (r["layers"], r["reason"]) for w, r in found.items()}
     say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
     t0 = time.perf_counter()
-    chosen = choose_layers(lm.model, cfg, fit, held)
-    meta = {"config": asdict(cfg), "model": lm.name, "influence_seconds": round(time.perf_counter() - t0, 1),
-            "selections": {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay), "reason": why}
-                           for (s, n), (lay, why) in chosen.items()},
-            "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
-            "notes": [], "settings": {}}
-    rows = _dense_rows(lm.model, cfg, evals, say, show_tqdm) if "dense" in cfg.methods else {}
-    recovery = [m for m in dict.fromkeys(cfg.methods) if m != "dense"]
-    done: dict[tuple[int, ...], list[dict]] = {}
-    all_rows = []
-    for (selection, n), (layers, _) in chosen.items():
-        key = tuple(layers)
-        if key not in done and recovery:
-            methods, notes = applicable(recovery, layers)
-            say(f"{selection} n={n}: layers {format_layers(layers)}, {len(methods)} methods")
-            done[key], timing = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg, show_tqdm)
-            meta["settings"][format_layers(layers)] = timing
-            meta["notes"] += [f"{selection} {n} (layers {format_layers(layers)}): {x}" for x in notes]
-        setting = {"selection": selection, "criterion": cfg.criterion(selection), "n": n,
-                   "layers": format_layers(layers)}
-        all_rows += [{**setting, **r} for r in [*rows.values(), *done.get(key, [])]]
-    meta.update(versions=versions(), seconds=round(time.perf_counter() - started, 1))
-    return GridResult(pd.DataFrame(all_rows), meta)
+    chosen = choose_layers(model, cfg, fit, held)
+    state.meta["influence_seconds"] = round(time.perf_counter() - t0, 1)
+    for (s, n), (layers, why) in chosen.items():
+        if journal:
+            journal.add("selection", settings, {"selection": s, "n": n}, layers=list(layers), reason=why)
+    return chosen
 
 
-def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, show_tqdm: bool) -> dict:
-    """The dense model's perplexity on each text, computed once for the whole grid."""
-    rows = {}
+def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, show_tqdm: bool,
+                journal: GridJournal | None = None, settings: str = "", state: _GridState | None = None) -> dict:
+    """The dense model's perplexity on each text, computed once for the whole grid (or resumed)."""
+    rows = state.dense if state is not None else {}
     for source, windows in evals.items():
+        record = journal.find("dense", settings, {"eval": source}) if journal else None
+        if record is not None:
+            say(f"dense on {source}: finished earlier (resumed)")
+            rows[source] = record["row"]
+            continue
         say(f"dense on {source}")
         res = perplexity(model, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm, label="dense")
         rows[source] = _row(source, result_entry("dense", res, None, None, model))
+        if journal:
+            journal.add("dense", settings, {"eval": source}, row=rows[source])
     return rows
 
 

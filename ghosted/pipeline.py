@@ -50,6 +50,7 @@ class RunConfig:
     eps: float = 1e-6  # ghost ridge
     solver: str = "solve"  # "solve" or "pinv"
     batch_size: int = 4  # windows per forward pass
+    cache: bool = True  # reuse calibration statistics saved by an earlier run, save new ones (--no-cache)
 
     def recovery_config(self) -> RecoveryConfig:
         return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode,
@@ -81,44 +82,112 @@ def versions() -> dict:
 
 def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
                    progress: Progress | None = None, show_tqdm: bool = True) -> tuple[dict, RecoveryRun | None]:
-    """Run ``cfg`` and return (a JSON-ready report, the RecoveryRun with the recovered models)."""
-    started = time.perf_counter()
-    validate.check_run(cfg)  # before loading: a typo costs seconds, not a calibration pass
-    lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    validate.check_run_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
-    from ghosted.arch import num_layers
+    """Run ``cfg`` and return (a JSON-ready report, the RecoveryRun with the recovered models).
 
+    When the run is stopped after the model is loaded (Ctrl-C or an error), the exception goes on
+    with a ``partial_report`` attribute: the report of what finished, ``"complete": false``.
+    """
+    validate.check_run(cfg)  # before loading: a typo costs seconds, not a calibration pass
+    state = _RunState(cfg, time.perf_counter())
+    try:
+        return _run(cfg, loaded, progress, show_tqdm, state)
+    except BaseException as err:  # Ctrl-C included: attach what finished, and let it go on
+        if state.lm is not None and isinstance(err, (Exception, KeyboardInterrupt)):
+            err.partial_report = state.report(stopped=err)
+        raise
+
+
+@dataclass
+class _RunState:
+    """What a run has finished so far, so that a stopped run can still report it."""
+
+    cfg: RunConfig
+    started: float  # perf_counter() at the start
+    stage: str = "loading the model"  # what the run is doing now
+    lm: LoadedModel | None = None
+    dropped: list[int] = field(default_factory=list)
+    selection: dict | None = None
+    eval_protocol: dict = field(default_factory=dict)
+    calib_protocol: dict | None = None
+    run: RecoveryRun | None = None  # every method fitted (set once all are)
+    entries: list[dict] = field(default_factory=list)  # evaluated models (set once all are)
+
+    def report(self, stopped: BaseException | None = None) -> dict:
+        """The JSON report; ``stopped``: the run ended early, list what finished (``complete`` false)."""
+        from ghosted.arch import num_layers
+
+        entries = self.entries or self._unevaluated()
+        report = {
+            "model": self.lm.name, "model_source": self.lm.source, "dropped": self.dropped,
+            "dropped_spec": format_layers(self.dropped), "layers": num_layers(self.lm.model),
+            "selection": self.selection, "config": asdict(self.cfg),
+            "protocol": {"evaluation": (entries[0]["protocol"] if entries and entries[0]["protocol"]
+                                        else self.eval_protocol), "calibration": self.calib_protocol},
+            "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
+            "complete": stopped is None,
+            "versions": versions(), "seconds": round(time.perf_counter() - self.started, 2),
+        }
+        if stopped is not None:
+            report["stopped"] = {"stage": self.stage, "by": _reason(stopped), "finished": self._finished()}
+        return report
+
+    def _unevaluated(self) -> list[dict]:
+        """Entries of the fitted models, without perplexity (the run stopped before evaluating)."""
+        dense = [result_entry("dense", None, None, None, self.lm.model)] if "dense" in self.cfg.methods else []
+        if self.run is None:
+            return dense if self.stage == "evaluation" else []
+        errors = self.run.errors()
+        return dense + [result_entry(name, None, self.run, errors, r.model) for name, r in self.run.results.items()]
+
+    def _finished(self) -> str:
+        if self.entries:
+            return "every model evaluated"
+        if self.run is not None:
+            return (f"{len(self.run.results)} method(s) fitted, none evaluated (all models are scored "
+                    "together, batch by batch, so no perplexity had finished)")
+        from ghosted.stats_cache import model_identity
+
+        cached = self.cfg.cache and model_identity(self.lm.model) is not None
+        saved = " (calibration statistics finished so far are cached)" if cached else ""
+        return "no model fitted or evaluated" + saved
+
+
+def _reason(err: BaseException) -> str:
+    return "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+
+
+def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple[dict, RecoveryRun | None]:
+    lm = state.lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    validate.check_run_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
+    state.stage = "choosing layers"
     dropped, selection = _layers_to_drop(cfg, lm)
+    state.dropped, state.selection = dropped, selection
     methods = list(dict.fromkeys(cfg.methods))
     eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len,
                                       calibration_source=cfg.calib)  # a separate source is read whole
-    run, calib_proto = None, None
+    state.eval_protocol = {**eval_windows.protocol, "dtype": lm.dtype, "device": lm.device}
+    run = None
     recovery_methods = [m for m in methods if m != "dense"]
     if recovery_methods:
         if not dropped:
             raise ValueError("Methods other than 'dense' need layers to drop (--drop).")
+        state.stage = "calibration and fitting"
         calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs,
                                     cfg.seq_len, cfg.seed)
         fit, held = split_calibration(calib, cfg.heldout_seqs)
-        calib_proto = fit.protocol
-        run = recover(lm.model, dropped, recovery_methods, fit, held, cfg.recovery_config(),
-                      progress=progress, show_tqdm=show_tqdm)
+        state.calib_protocol = fit.protocol
+        run = state.run = recover(lm.model, dropped, recovery_methods, fit, held, cfg.recovery_config(),
+                                  progress=progress, show_tqdm=show_tqdm, cache=cfg.cache)
+    state.stage = "evaluation"
     models = {"dense": lm.model} if "dense" in methods else {}
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
     errors = run.errors() if run else None
     step = (lambda done, total: progress("perplexity", done, total)) if progress else None
     results = perplexities(models, eval_windows, batch_size=cfg.batch_size, progress=step,
                            show_tqdm=show_tqdm)  # leading layers shared by all variants run once
-    entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
-    report = {
-        "model": lm.name, "model_source": lm.source, "dropped": dropped,
-        "dropped_spec": format_layers(dropped), "layers": num_layers(lm.model), "selection": selection,
-        "config": asdict(cfg), "protocol": {"evaluation": entries[0]["protocol"] if entries else {},
-                                            "calibration": calib_proto},
-        "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
-        "versions": versions(), "seconds": round(time.perf_counter() - started, 2),
-    }
-    return report, run
+    state.entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
+    state.stage = "report"
+    return state.report(), run
 
 
 def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | None]:
@@ -142,11 +211,18 @@ def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | 
 
 
 def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict:
-    """One model's report entry: perplexity, timing, parameters and, for a recovered model, its fit."""
-    entry = {"method": name, "ppl": res.ppl, "nll": res.nll, "eval_seconds": round(res.seconds, 2),
-             "parameters": sum(p.numel() for p in model.parameters()), "protocol": res.protocol}
+    """One model's report entry: perplexity, timing, parameters and, for a recovered model, its fit.
+
+    ``res`` None: the model was fitted but not evaluated (a stopped run); ppl and nll are None.
+    """
+    entry = {"method": name, "ppl": res.ppl if res else None, "nll": res.nll if res else None,
+             "eval_seconds": round(res.seconds, 2) if res else None,
+             "parameters": sum(p.numel() for p in model.parameters()), "protocol": res.protocol if res else None}
+    if res is None:
+        entry["evaluated"] = False
     if run and name in run.results:
         r = run.results[name]
+        entry["statistics"] = r.statistics  # "computed" by a calibration pass, or "reused" from the cache
         entry["calib_seconds"] = round(r.calib_seconds, 3)
         entry["solve_seconds"] = round(r.solve_seconds, 4)
         label = "pruned" if name == "none" else name
@@ -167,9 +243,10 @@ def format_table(report: dict) -> str:
     lines = [head, "-" * len(head)]
     for e in report["results"]:
         err = e.get("heldout_boundary_error")
-        lines.append(f"{e['method']:<20}{e['ppl']:>12.3f}{'' if err is None else f'{err:.4f}':>14}"
+        ppl = "not run" if e["ppl"] is None else f"{e['ppl']:.3f}"
+        lines.append(f"{e['method']:<20}{ppl:>12}{'' if err is None else f'{err:.4f}':>14}"
                      f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}")
-    ev = report["protocol"]["evaluation"]
+    ev = report["protocol"]["evaluation"] or {}
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
     if report.get("selection"):
         lines.append(f"selected by {report['selection']['reason']}")
@@ -180,4 +257,11 @@ def format_table(report: dict) -> str:
     if cal:
         lines.append(f"calibration: {cal.get('source')} ({cal.get('part')}), {cal.get('n_windows')} x "
                      f"{cal.get('seq_len')} tokens, seed {cal.get('seed')}")
+    statistics = sorted({e["statistics"] for e in report["results"] if e.get("statistics")})
+    if statistics:
+        lines.append(f"calibration statistics: {' and '.join(statistics)} (reuse is keyed by model, windows, "
+                     "gaps and settings; --no-cache turns it off)")
+    if report.get("complete") is False:
+        stop = report.get("stopped", {})
+        lines.append(f"INCOMPLETE: {stop.get('by')} during {stop.get('stage')}; {stop.get('finished')}")
     return "\n".join(lines)

@@ -33,6 +33,7 @@ from ghosted.pruning import build_variant, parse_layers
 from ghosted.robust import fit_robust
 from ghosted.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.stats import BoundaryStats
+from ghosted.stats_cache import collect_cached, model_identity, resolve_cache
 
 STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate")
 BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
@@ -83,6 +84,7 @@ class MethodResult:
     notes: list[str] = field(default_factory=list)
     fits: dict[Gap, GapFit] = field(default_factory=dict)  # full description incl. sink maps
     choices: list[dict] = field(default_factory=list)  # what auto / ridge selection chose and why
+    statistics: str = "computed"  # "reused": its calibration statistics came from the cache, no forward pass
 
 
 @dataclass
@@ -96,6 +98,7 @@ class RecoveryRun:
     calib_seconds: float
     protocol: dict = field(default_factory=dict)
     sinks: pd.DataFrame = field(default_factory=pd.DataFrame)  # sink report per gap (robust methods)
+    statistics: dict = field(default_factory=dict)  # pass ("calibration", "held-out") -> "computed" / "reused"
 
     def errors(self) -> pd.DataFrame:
         """Boundary error per gap, method ("pruned" = no recovery) and split (fit / heldout)."""
@@ -213,8 +216,11 @@ def _fit_robust(gap: Gap, stats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, 
 
 def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None,
             config: RecoveryConfig | None = None, progress: Progress | None = None,
-            show_tqdm: bool = True) -> RecoveryRun:
+            show_tqdm: bool = True, cache=None) -> RecoveryRun:
     """Prune ``drop`` from ``model`` and fit each method in ``methods`` on ``calib_windows``.
+
+    ``cache`` (``True`` or a ``stats_cache.StatsCache``) reuses calibration statistics saved by an
+    earlier call with the same model, windows, gaps and settings, and saves new ones.
 
     Example:
         >>> run = recover(model, "20-26", ["none", "ghost", "replaceme-ls"], calib, heldout)
@@ -222,6 +228,8 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
         >>> run.errors()                       # boundary errors, fit and held-out
     """
     cfg = config or RecoveryConfig()
+    cache = resolve_cache(cache)
+    identity = model_identity(model) if cache else None  # before the view below hides the checkpoint
     total = num_layers(model)
     model = build_variant(model, list(range(total)))  # a view whose layer indices are its positions
     model.ghosted_layers = list(range(total))  # so a pruned input is treated as a new base model
@@ -245,12 +253,16 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
         return (lambda done, n: progress(name, done, n)) if progress else None
 
     started = time.perf_counter()
-    stats = collect_stats(model, calib_windows, all_gaps, calib_cfg, sink_detector=detector,
-                          progress=stage("calibration"), show_tqdm=show_tqdm)
-    heldout = None if heldout_windows is None else collect_stats(
-        model, heldout_windows, all_gaps, replace(calib_cfg, reservoir_tokens=0),
-        sink_detector=SinkDetector(rule) if wants_sinks else None,
-        progress=stage("held-out statistics"), show_tqdm=show_tqdm)
+    stats, passes = collect_cached(cache, identity, model, calib_windows, all_gaps, calib_cfg,
+                                   sink_detector=detector, progress=stage("calibration"), show_tqdm=show_tqdm)
+    passes = {"calibration": passes}
+    heldout = None
+    if heldout_windows is not None:
+        heldout, passes["held-out"] = collect_cached(
+            cache, identity, model, heldout_windows, all_gaps, replace(calib_cfg, reservoir_tokens=0),
+            sink_detector=SinkDetector(rule) if wants_sinks else None,
+            progress=stage("held-out statistics"), show_tqdm=show_tqdm)
+    shared = "reused" if set(passes.values()) == {"reused"} else "computed"
     calib_seconds = time.perf_counter() - started
     keep = [i for i in range(total) if i not in set(dropped)]
     results: dict[str, MethodResult] = {}
@@ -259,7 +271,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
         pick = lambda d: None if d is None else {g: d[g] for g in gaps}  # noqa: E731
         if method == "none":
             results[method] = MethodResult("none", build_variant(model, keep), "none", {}, pick(stats),
-                                           pick(heldout), 0.0, 0.0)
+                                           pick(heldout), 0.0, 0.0, statistics=shared)
             continue
         if method in ("ghost", "ghost-robust") and cfg.mode == "sequential":
             results[method] = _sequential(method, model, dropped, stream_gaps, calib_windows, heldout_windows,
@@ -282,10 +294,12 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
         kind = "branch" if method in BRANCH_METHODS else "stream"
         ops = {g: (f.branch if f.branch is not None else f.stream) for g, f in fits.items()}
         results[method] = MethodResult(method, built, kind, ops, pick(stats), pick(heldout),
-                                       solve_seconds, calib_seconds, fits=fits, choices=choices)
+                                       solve_seconds, calib_seconds, fits=fits, choices=choices,
+                                       statistics=shared)
     return RecoveryRun(dropped=dropped, base_layers=total, config=cfg, results=results,
                        calib_seconds=calib_seconds, protocol=dict(getattr(calib_windows, "protocol", {})),
-                       sinks=sink_report(stats, detector) if wants_sinks else pd.DataFrame())
+                       sinks=sink_report(stats, detector) if wants_sinks else pd.DataFrame(),
+                       statistics=passes)
 
 
 def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stage, show_tqdm, done):

@@ -75,8 +75,8 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
     windows = calibration_windows(lm.tokenizer, source, form["n_seqs"] + form["heldout"],
                                   form["seq_len"], form["seed"])
     fit, held = split_calibration(windows, form["heldout"])
-    run = recover(lm.model, layers, methods, fit, held, run_cfg.recovery_config(),
-                  progress=progress, show_tqdm=False)
+    run = recover(lm.model, layers, methods, fit, held, run_cfg.recovery_config(), progress=progress,
+                  show_tqdm=False, cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
     progress("spectra and errors", 0, 1)
     frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
               "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
@@ -92,7 +92,9 @@ def summary(stored: dict) -> None:
     run, proto = stored["run"], stored["protocol"]
     st.subheader(f"Run: layers {format_layers(stored['layers'])} dropped")
     st.caption(f"Fitted on {proto['n_windows']} x {proto['seq_len']} tokens of {proto['source']} "
-               f"({proto['part']} part, seed {proto.get('seed')}); {stored['seconds']:.1f} s in all.")
+               f"({proto['part']} part, seed {proto.get('seed')}); {stored['seconds']:.1f} s in all"
+               + "".join(f"; {name} statistics {how}" for name, how in getattr(run, "statistics", {}).items())
+               + ".")
     st.dataframe(_charts.error_table(stored["frames"]["errors"], run), hide_index=True)
     st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
                "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")

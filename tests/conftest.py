@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Calibration statistics saved by the tests (and by app servers they start) never reach the user's
+# cache; the bundled model's converted copy stays where it is ($GHOSTED_CACHE is left alone).
+os.environ.setdefault("GHOSTED_STATS_CACHE", tempfile.mkdtemp(prefix="ghosted-test-stats-"))
 
 import pytest
 import torch
@@ -30,3 +34,9 @@ def tiny_llama():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_stats_cache(tmp_path_factory, monkeypatch):
+    """Each test starts with an empty statistics cache of its own."""
+    monkeypatch.setenv("GHOSTED_STATS_CACHE", str(tmp_path_factory.mktemp("stats")))

@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 
-SUBCOMMANDS = ["run", "influence", "grid", "export"]  # modules in ghosted/cli/, in --help order
+SUBCOMMANDS = ["run", "influence", "grid", "export", "cache"]  # modules in ghosted/cli/, in --help order
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: no traceback; what finished was saved by the subcommand
+        print("interrupted.", file=sys.stderr)
+        return 130
 
 
 def one_line(err: BaseException) -> str:

@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the model already in --out (removed once the new one is complete)")
     add_dry_run(p)
+    p.add_argument("--no-cache", action="store_true",
+                   help="compute calibration statistics again instead of reusing (and saving) them")
     p.set_defaults(handler=handle)
 
 
@@ -64,7 +66,7 @@ def handle(args) -> int:
     config = RecoveryConfig(eps=args.eps, solver=args.solver, mode=args.ghost_mode,
                             granularity=args.granularity, replaceme_fold=not args.no_fold,
                             calibration=CalibrationConfig(batch_size=args.batch_size, seed=args.seed))
-    run = recover(lm.model, drop, [args.method], fit, heldout, config)
+    run = recover(lm.model, drop, [args.method], fit, heldout, config, cache=not args.no_cache)
     out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run,
                          overwrite=args.overwrite)
     print(describe_folder(out))

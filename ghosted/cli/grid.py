@@ -35,7 +35,13 @@ def add_parser(sub) -> None:
     g.add_argument("--eval-tokens", type=int, default=8192,
                    help="tokens per evaluation text (capped at what its evaluation part holds)")
     g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window")
-    p.add_argument("--out-dir", default="grid", help="folder for grid.csv, grid.md and grid.json")
+    p.add_argument("--out-dir", default="grid",
+                   help="folder for grid.csv, grid.md and grid.json, rewritten as each cell finishes, and "
+                        "grid.jsonl, the journal of finished cells")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the cells a previous grid in --out-dir finished (same settings) and run the rest")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compute calibration statistics again instead of reusing (and saving) them")
     add_dry_run(p)
     p.set_defaults(handler=handle)
 
@@ -50,13 +56,23 @@ def handle(args) -> int:
                      methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,
                      heldout_seqs=args.heldout_seqs, evals=_list(args.evals), eval_tokens=args.eval_tokens,
                      eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype, seed=args.seed,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, cache=not args.no_cache)
     check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
     check_grid(cfg)  # every setting, before the model is loaded
     if args.dry_run:
         print(plan_grid(cfg, facts_from_args(args)))
         return 0
-    result = run_grid(cfg, loaded=load_from_args(args), progress=lambda line: print(line, file=sys.stderr))
+    try:
+        result = run_grid(cfg, loaded=load_from_args(args), progress=lambda line: print(line, file=sys.stderr),
+                          out_dir=args.out_dir, resume=args.resume)
+    except KeyboardInterrupt as err:
+        partial = getattr(err, "partial_result", None)
+        if partial is not None and not partial.frame.empty:
+            print(partial.markdown())
+        cells = len(partial.meta.get("settings", {})) if partial is not None else 0
+        print(f"interrupted: {cells} finished cell(s) kept in {args.out_dir}/ (grid.jsonl, grid.csv, grid.md); "
+              "add --resume to go on from there.", file=sys.stderr)
+        return 130
     print(result.markdown())
     for path in result.save(args.out_dir):
         print(f"wrote {path}", file=sys.stderr)

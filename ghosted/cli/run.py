@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args, write_json)
@@ -38,7 +39,11 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
-    p.add_argument("--out", default=None, help="write the JSON report here")
+    p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
+                                                 "with \"complete\": false, when the run is stopped)")
+    p.add_argument("--no-cache", action="store_true",
+                   help="compute calibration statistics again instead of reusing (and saving) them; "
+                        "see 'python -m ghosted cache'")
     add_dry_run(p)
     p.set_defaults(handler=handle)
 
@@ -53,13 +58,34 @@ def handle(args) -> int:
                     seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size)
+                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache)
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(cfg)  # every setting, before the model is loaded
     if args.dry_run:
         print(plan_run(cfg, facts_from_args(args)))
         return 0
-    report, _ = run_experiment(cfg, loaded=load_from_args(args))
+    try:
+        report, _ = run_experiment(cfg, loaded=load_from_args(args))
+    except (Exception, KeyboardInterrupt) as err:
+        return report_stopped(args, err)
     print(format_table(report))
     write_json(args.out, report)
     return 0
+
+
+def report_stopped(args, err: BaseException) -> int:
+    """A stopped run: print and write what finished (``"complete": false``); Ctrl-C exits 130.
+
+    Any other error goes on to the command line's one-line message, after the partial report.
+    """
+    from ghosted.pipeline import format_table
+
+    partial = getattr(err, "partial_report", None)
+    if partial is not None:
+        print(format_table(partial))
+        write_json(args.out, partial)
+    if not isinstance(err, KeyboardInterrupt):
+        raise err
+    done = partial["stopped"]["finished"] if partial else "nothing had finished"
+    print(f"interrupted: {done}.", file=sys.stderr)
+    return 130

@@ -153,7 +153,7 @@ def test_cli_builds_the_config(monkeypatch, tmp_path, capsys):
 
     seen = {}
 
-    def fake_run(cfg, loaded=None, progress=None, show_tqdm=True):
+    def fake_run(cfg, loaded=None, progress=None, show_tqdm=True, **_):
         seen["cfg"] = cfg
         return grid_module.GridResult(pd.DataFrame([{"selection": "shortgpt", "n": 7, "layers": "1", "eval": "x",
                                                       "method": "dense", "ppl": 3.0}]), {"seconds": 1.0})
