@@ -55,7 +55,7 @@ def ill_conditioned_message(start: int, end: int, width: int, tokens: int, condi
     if not rank_deficient and condition <= MAX_CONDITION:
         return None
     needed = tokens_needed(width)
-    more = f" (e.g. {math.ceil(needed / seq_len)} sequences of {seq_len})" if seq_len else ""
+    more = f", e.g. {math.ceil(needed / seq_len)} sequences of {seq_len}" if seq_len else ""
     if rank_deficient:
         why = (f"only {tokens:,} calibration tokens for a {width}-wide stream: XᵀX has rank at most "
                f"{tokens:,} < {width}, so the {width} x {width} operator fits these tokens exactly and "
@@ -64,5 +64,5 @@ def ill_conditioned_message(start: int, end: int, width: int, tokens: int, condi
         why = (f"XᵀX + εI has condition number {condition:.2g} (ε = {eps:g}), beyond the "
                f"{MAX_CONDITION:.0e} float64 solves reliably")
     return (f"Ill-conditioned ghost fit at gap {gap_label(start, end)}: {why}. Use at least {needed:,} "
-            f"calibration tokens ({TOKENS_PER_WIDTH} x the width){more}; a larger eps or solver='pinv' "
+            f"calibration tokens ({TOKENS_PER_WIDTH} x the width{more}); a larger eps or solver='pinv' "
             "also stabilises the solve.")

@@ -148,13 +148,14 @@ def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict
         entry["solve_seconds"] = round(r.solve_seconds, 4)
         label = "pruned" if name == "none" else name
         chosen = [f"{c['boundary']}: {c['chosen']}" for c in r.choices if "chosen" in c]
-        if chosen:  # ghost-auto: which fit each gap got
+        if chosen:  # ghost-auto: which fit each gap got, and the held-out NLL of each candidate
             entry["chosen"] = ", ".join(chosen)
+            entry["auto_heldout_nll"] = {c["boundary"]: {k[4:]: c[k] for k in c if k.startswith("nll_")}
+                                         for c in r.choices if "chosen" in c}
         for split in ("fit", "heldout"):
             rows = errors[(errors.method == label) & (errors.split == split)]
-            if len(rows):  # token-weighted over gaps: total error / total ‖Δ‖²
-                total_delta = (rows.error / rows.relative_error).sum()
-                entry[f"{split}_boundary_error"] = float(rows.error.sum() / total_delta)
+            if len(rows) and rows.delta.sum() > 0:  # token-weighted over gaps: total error / total ‖Δ‖²
+                entry[f"{split}_boundary_error"] = float(rows.error.sum() / rows.delta.sum())
     return entry
 
 

@@ -97,7 +97,9 @@ def summary(stored: dict) -> None:
     st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
                "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")
     tokens, width = proto["n_windows"] * proto["seq_len"], hidden_size(run.results["none"].model)
-    if tokens < 4 * width:
+    for message in run.warnings:  # ill-conditioned fits, one per gap
+        st.warning(message, icon=":material/warning:")
+    if tokens < 4 * width and not run.warnings:
         st.warning(f"Only {tokens:,} calibration tokens for a {width}-wide stream: the {width} x {width} "
                    "operators overfit (good on the fitted windows, poor on held-out ones). Use at least "
                    f"{4 * width:,} tokens, e.g. more sequences.", icon=":material/warning:")
