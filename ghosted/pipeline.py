@@ -114,6 +114,7 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
                                             "calibration": calib_proto},
         "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
         "versions": versions(), "seconds": round(time.perf_counter() - started, 2),
+        "warnings": list(run.warnings) if run else [],  # ill-conditioned fits, one per gap
     }
     return report, run
 
@@ -150,8 +151,9 @@ def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict
         chosen = [f"{c['boundary']}: {c['chosen']}" for c in r.choices if "chosen" in c]
         if chosen:  # ghost-auto: which fit each gap got, and the held-out NLL of each candidate
             entry["chosen"] = ", ".join(chosen)
-            entry["auto_heldout_nll"] = {c["boundary"]: {k[4:]: c[k] for k in c if k.startswith("nll_")}
-                                         for c in r.choices if "chosen" in c}
+            entry["auto_heldout_nll"] = "; ".join(  # a string, like "chosen", so grid frames stay flat
+                f"{c['boundary']}: " + ", ".join(f"{k[4:]} {c[k]:.4f}" for k in c if k.startswith("nll_"))
+                for c in r.choices if "chosen" in c)
         for split in ("fit", "heldout"):
             rows = errors[(errors.method == label) & (errors.split == split)]
             if len(rows) and rows.delta.sum() > 0:  # token-weighted over gaps: total error / total ‖Δ‖²
