@@ -63,7 +63,7 @@ def error_rows(method: str, gap, fit: GapFit | None, stats: BoundaryStats, split
     delta = float(torch.trace(stats.dtd))
     rel = error / delta if delta > 0 else float("nan")
     return {"boundary": f"{gap.start}-{gap.end}", "method": method, "split": split, "error": error,
-            "relative_error": rel, "removed_fraction": 1.0 - rel, "tokens": stats.n_tokens, "delta": delta}
+            "relative_error": rel, "removed_fraction": 1.0 - rel, "tokens": stats.n_tokens, "delta_sq": delta}
 
 
 def spectrum_frame(method: str, gap, fit: GapFit | None, stats: BoundaryStats) -> pd.DataFrame:

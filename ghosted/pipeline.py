@@ -156,8 +156,8 @@ def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict
                 for c in r.choices if "chosen" in c)
         for split in ("fit", "heldout"):
             rows = errors[(errors.method == label) & (errors.split == split)]
-            if len(rows) and rows.delta.sum() > 0:  # token-weighted over gaps: total error / total ‖Δ‖²
-                entry[f"{split}_boundary_error"] = float(rows.error.sum() / rows.delta.sum())
+            if len(rows) and rows.delta_sq.sum() > 0:  # token-weighted over gaps: total error / total ‖Δ‖²
+                entry[f"{split}_boundary_error"] = float(rows.error.sum() / rows.delta_sq.sum())
     return entry
 
 
