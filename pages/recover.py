@@ -15,13 +15,14 @@ DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the pa
 METHOD_HELP = (
     "ghost: the paper's map W = I + M, least squares on every token. "
     "ghost-robust: W on the non-sink tokens, the sink tokens mapped apart. "
-    "ghost-auto: per gap, whichever of the two predicts held-out windows better. "
+    "ghost-auto: per gap, whichever of the two, or no operator, predicts held-out windows better. "
     "linearpatch-diag / -rotate: per-channel scaling, plain or in a Hadamard basis. "
     "replaceme-ls (-robust): a map on the MLP output of the layer before the gap, folded into its weights. "
     "replaceme-cos: the same map trained with a cosine loss (its paper's settings need millions of tokens; "
     "on a small calibration it stays near no recovery).")
-AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**) or the sink-robust one "
-             "(**ghost-robust**), whichever predicts the held-out calibration windows better (next-token loss). "
+AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
+             "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
+             "(next-token loss), so it is never worse there than plain pruning. "
              "On the reproduction grid it was never worse than the paper's fit beyond noise, and far better where "
              "an attention sink is born inside the removed block (see the Learn page).")
 
