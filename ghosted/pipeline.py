@@ -173,6 +173,9 @@ def format_table(report: dict) -> str:
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
     if report.get("selection"):
         lines.append(f"selected by {report['selection']['reason']}")
+    for e in report["results"]:  # ghost-auto: what it chose per gap ("none" = no operator) and why
+        if e.get("chosen"):
+            lines.append(f"{e['method']} chose {e['chosen']} (held-out NLL {e.get('auto_heldout_nll', '?')})")
     lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
                  f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
                  f"{ev.get('dtype')} on {ev.get('device')}")
