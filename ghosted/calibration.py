@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ghosted.arch import hidden_size, num_layers
 from ghosted.capture import tap
-from ghosted.guards import FLOAT16_HINT, NonFiniteError
+from ghosted.guards import NonFiniteError, nonfinite_cause
 from ghosted.stats import BoundaryAccumulator, BoundaryStats
 
 Progress = Callable[[int, int], None]  # (batches done, batches total)
@@ -148,8 +148,8 @@ def require_finite_activations(gap: Gap, first_window: int, valid: torch.Tensor,
         rows = sorted({first_window + int(r) for r in bad.nonzero()[:, 0]})
         dtype = str(next(s for s in streams if s is not None).dtype).replace("torch.", "")
         raise NonFiniteError(f"Non-finite activations at gap {gap} ({int(bad.sum())} tokens of calibration "
-                             f"windows {rows}, {dtype}): the statistics and every operator would be NaN. "
-                             f"{FLOAT16_HINT[0].upper()}{FLOAT16_HINT[1:]}; also check the model's weights.")
+                             f"windows {rows}): the statistics and every operator would be NaN. Likely cause: "
+                             f"{nonfinite_cause(dtype)}.")
 
 
 def _index_map(model: nn.Module) -> dict[int, int]:

@@ -13,7 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ghosted.capture import input_device
-from ghosted.guards import FLOAT16_HINT, NonFiniteError
+from ghosted.guards import NonFiniteError, nonfinite_cause
 
 Progress = Callable[[int, int], None]  # (done, total) -> None, called once per batch
 
@@ -84,8 +84,8 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
         total_tokens += count
         if progress:
             progress(i + 1, len(starts))
-    mean = mean_nll(total_nll, total_tokens, windows, label)
     dtype, device = model_dtype_device(model)
+    mean = mean_nll(total_nll, total_tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
                 "scored_tokens": total_tokens}
     return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=total_tokens,
@@ -109,7 +109,8 @@ def _nothing_scored(windows, label: str) -> ValueError:
                       "(more evaluation text, or a window no longer than the documents).")
 
 
-def mean_nll(total_nll: float, scored_tokens: int, windows, label: str = "perplexity") -> float:
+def mean_nll(total_nll: float, scored_tokens: int, windows, label: str = "perplexity",
+             dtype: str = "float32") -> float:
     """Mean NLL per scored token; a ValueError when no token was scored or the loss is not finite.
 
     Zero scored tokens (every target is padding, or windows of one token) would otherwise read as
@@ -119,8 +120,8 @@ def mean_nll(total_nll: float, scored_tokens: int, windows, label: str = "perple
         raise _nothing_scored(windows, label)
     mean = total_nll / scored_tokens
     if not math.isfinite(mean):
-        raise NonFiniteError(f"The next-token loss of {label} is {mean} on {scored_tokens} tokens: the model "
-                             f"produced non-finite logits; {FLOAT16_HINT}.")
+        raise NonFiniteError(f"The next-token loss of {label} is {mean} on {scored_tokens} tokens: non-finite "
+                             f"logits. Likely cause: {nonfinite_cause(dtype)}.")
     return mean
 
 

@@ -20,6 +20,14 @@ FLOAT16_HINT = ("non-finite activations usually mean float16 overflow: load the 
                 "bfloat16 (--dtype float32)")
 
 
+def nonfinite_cause(dtype: str) -> str:
+    """The likely cause of non-finite activations in a model computing in ``dtype``, and what to do."""
+    if "float16" in dtype and "bfloat16" not in dtype:
+        return f"the model runs in {dtype}, whose range ends at 65504: load it in float32 or bfloat16 (--dtype float32)"
+    return (f"the model produced them in {dtype}: check its weights (a broken checkpoint or conversion) and "
+            "inputs; if it was trained in bfloat16, load it in bfloat16 or float32")
+
+
 class IllConditionedFitWarning(UserWarning):
     """A ghost operator fitted from too few tokens, or from normal equations float64 cannot trust."""
 

@@ -162,8 +162,8 @@ def _separately(items, windows, batch_size, progress, show_tqdm) -> dict[str, Pe
 
 def _result(tally: _Tally, model: nn.Module, windows, label: str) -> PerplexityResult:
     """The same PerplexityResult (and protocol) that ``evaluate.perplexity`` reports, with its checks."""
-    mean = mean_nll(tally.nll, tally.tokens, windows, label)
     dtype, device = model_dtype_device(model)
+    mean = mean_nll(tally.nll, tally.tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
                 "scored_tokens": tally.tokens}
     return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=tally.tokens,

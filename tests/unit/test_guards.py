@@ -75,14 +75,17 @@ def forward_counter(model):
 
 # --- non-finite activations, statistics, operators ---------------------------------------------
 
-def test_nan_activations_stop_calibration_naming_the_gap_and_the_cause():
-    model = tiny_model("llama", layers=6)
+@pytest.mark.parametrize("dtype,cause", [(torch.float32, "in float32: check its weights"),
+                                         (torch.float16, "range ends at 65504: load it in float32 or bfloat16")])
+def test_nan_activations_stop_calibration_naming_the_gap_and_the_cause(dtype, cause):
+    model = tiny_model("llama", layers=6).to(dtype)
     NaNAfter(layers_of(model)[1])  # the stream entering layer 2 (and everything after) holds a NaN
+    calls = forward_counter(model)
     with pytest.raises(NonFiniteError) as caught:
         recover(model, "3-4", ["ghost"], windows(), windows(2, seed=1), show_tqdm=False)
     message = str(caught.value)
-    assert "[3, 5)" in message and "float16" in message and "float32" in message
-    assert "windows [0]" in message  # the first batch, the first window: stopped before accumulating more
+    assert "[3, 5)" in message and cause in message
+    assert "windows [0]" in message and len(calls) == 1  # stopped on the first batch
     assert isinstance(caught.value, ValueError)  # the CLI turns it into one line and exit code 2
 
 
@@ -119,7 +122,7 @@ def test_singular_solve_is_an_error_not_a_nan_operator():
 def test_non_finite_logits_are_an_error_not_ppl_nan():
     model = tiny_model("llama", layers=4)
     NaNAfter(layers_of(model)[3])
-    with pytest.raises(NonFiniteError, match="non-finite logits.*float32"):
+    with pytest.raises(NonFiniteError, match="non-finite logits.*in float32: check its weights"):
         perplexity(model, windows(2), show_tqdm=False, label="pruned")
     with pytest.raises(NonFiniteError, match="dense"):
         perplexities({"dense": model, "again": model}, windows(2), show_tqdm=False)
