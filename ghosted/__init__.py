@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ghosted.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
+
 __version__ = "0.1.0"
 
 
@@ -313,4 +315,5 @@ def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):
 
 
 __all__ = ["load", "calibrate", "influence", "select", "fit", "prune", "evaluate", "generate",
-           "save", "save_recovered", "load_recovered", "__version__"]
+           "save", "save_recovered", "load_recovered", "IllConditionedFitWarning", "NonFiniteError",
+           "__version__"]

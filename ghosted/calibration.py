@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from ghosted.arch import hidden_size, num_layers
 from ghosted.capture import tap
+from ghosted.guards import NonFiniteError, nonfinite_cause
 from ghosted.stats import BoundaryAccumulator, BoundaryStats
 
 Progress = Callable[[int, int], None]  # (batches done, batches total)
@@ -122,6 +123,7 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
                         gap.start, gap.end, dim, device=x.device, with_mlp=m is not None,
                         lp=cfg.linearpatch, reservoir_tokens=cfg.reservoir_tokens, seed=cfg.seed)
                 valid = mask.to(x.device).bool()  # (B, T)
+                require_finite_activations(gap, (done - 1) * cfg.batch_size, valid, x, y, m)
                 sink = sink_detector(x, valid) if sink_detector else None
                 accumulators[gap].update(x, y.to(x.device), valid, m=m, sink=sink)
             bar.update(1)
@@ -129,6 +131,25 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
                 progress(done, total)
     bar.close()
     return {gap: acc.finalize() for gap, acc in accumulators.items()}
+
+
+def require_finite_activations(gap: Gap, first_window: int, valid: torch.Tensor, *streams) -> None:
+    """Stop with ``NonFiniteError`` naming the gap and the windows when a valid token is NaN or inf.
+
+    Checked per batch, before anything is accumulated, so a broken model fails on its first batch
+    rather than after a whole calibration pass. Padding positions are not checked (never used).
+    """
+    bad = torch.zeros_like(valid)  # (B, T) bool
+    for stream in streams:
+        if stream is not None:
+            bad |= ~torch.isfinite(stream).all(dim=-1).to(valid.device)  # (B, T)
+    bad &= valid
+    if bool(bad.any()):
+        rows = sorted({first_window + int(r) for r in bad.nonzero()[:, 0]})
+        dtype = str(next(s for s in streams if s is not None).dtype).replace("torch.", "")
+        raise NonFiniteError(f"Non-finite activations at gap {gap} ({int(bad.sum())} tokens of calibration "
+                             f"windows {rows}): the statistics and every operator would be NaN. Likely cause: "
+                             f"{nonfinite_cause(dtype)}.")
 
 
 def _index_map(model: nn.Module) -> dict[int, int]:

@@ -38,6 +38,8 @@ class DeployConfig:
     max_eval_tokens: int | None = None  # tokens scored per perplexity
     max_upload_mb: float = 200.0  # uploaded calibration text (matches server.maxUploadSize)
     max_new_tokens: int = 200  # longest sample generation
+    allow_costly_criteria: bool = True  # influence criteria with a pass per layer or a backward pass
+    # (removal perplexity, Taylor+, SLEB): minutes per layer set on a small shared CPU
 
     @property
     def is_restricted(self) -> bool:
@@ -103,16 +105,48 @@ class DeployConfig:
         if max_new_tokens > self.max_new_tokens:
             raise DeployRefusal(f"At most {self.max_new_tokens} new tokens per prompt here.")
 
+    def check_criteria(self, metrics) -> None:
+        """Refuse the costly influence criteria (a forward pass per layer, or a backward pass) where barred."""
+        if self.allow_costly_criteria:
+            return
+        costly = [m for m in metrics if criterion_cost(m) in COSTLY_COSTS]
+        if costly:
+            from ghosted.layer_influence import CRITERIA, SINGLE_PASS
+
+            named = ", ".join(f"{m} ({CRITERIA[_criterion_key(m)].origin})" for m in costly)
+            raise DeployRefusal(f"The {self.name} deployment does not compute {named}: each needs a forward "
+                                "pass per layer or a backward pass, too slow for a shared server. Choose "
+                                f"single-pass criteria: {', '.join(SINGLE_PASS)}.")
+
     def allowed_models(self) -> tuple[str, ...]:
         """The allow-list, or just the bundled model as the suggestion when anything goes."""
         return self.models if self.models is not None else (BUNDLED_MODEL,)
+
+
+COSTLY_COSTS = ("per-layer", "gradient")  # criterion costs barred by ``allow_costly_criteria=False``
+
+
+def _criterion_key(name: str) -> str:
+    """The criterion a name stands for: CRITERIA key, or an alias where ``ALIASES`` exists."""
+    from ghosted import layer_influence
+
+    key = str(name).strip().lower()
+    return getattr(layer_influence, "ALIASES", {}).get(key, key)
+
+
+def criterion_cost(name: str) -> str | None:
+    """A criterion's cost ("pass", "heldout", "per-layer", "gradient"), None for an unknown name."""
+    from ghosted.layer_influence import CRITERIA
+
+    criterion = CRITERIA.get(_criterion_key(name))
+    return criterion.cost if criterion else None
 
 
 LOCAL = DeployConfig()  # a workstation: everything allowed, nothing capped
 DEMO = DeployConfig(  # a public CPU demo (e.g. a 2-vCPU Space): small, safe, no downloads
     name="demo", models=(BUNDLED_MODEL,), allow_local_paths=False, allow_hub_datasets=False,
     allow_trust_remote_code=False, allow_model_download=False, max_calib_tokens=8192,
-    max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64)
+    max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, allow_costly_criteria=False)
 CLASSROOM = DeployConfig(  # a shared teaching server: small hub models, room for real runs
     name="classroom", models=(BUNDLED_MODEL, "HuggingFaceTB/SmolLM2-135M-Instruct",
                               "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),

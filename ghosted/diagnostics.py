@@ -58,12 +58,12 @@ def singular_values(gram: torch.Tensor) -> np.ndarray:
 
 
 def error_rows(method: str, gap, fit: GapFit | None, stats: BoundaryStats, split: str) -> dict:
-    """One row of the error frame: absolute and relative boundary error, share of ‖Δ‖² removed."""
+    """One row of the error frame: absolute and relative boundary error, share of ‖Δ‖² removed, ‖Δ‖²."""
     error = float(torch.trace(residual_gram_of(fit, stats)).clamp_min(0))
     delta = float(torch.trace(stats.dtd))
     rel = error / delta if delta > 0 else float("nan")
     return {"boundary": f"{gap.start}-{gap.end}", "method": method, "split": split, "error": error,
-            "relative_error": rel, "removed_fraction": 1.0 - rel, "tokens": stats.n_tokens}
+            "relative_error": rel, "removed_fraction": 1.0 - rel, "tokens": stats.n_tokens, "delta_sq": delta}
 
 
 def spectrum_frame(method: str, gap, fit: GapFit | None, stats: BoundaryStats) -> pd.DataFrame:

@@ -13,6 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ghosted.capture import input_device
+from ghosted.guards import NonFiniteError, nonfinite_cause
 
 Progress = Callable[[int, int], None]  # (done, total) -> None, called once per batch
 
@@ -71,6 +72,7 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
         >>> print(res)   # PPL 27.2 on ... (4088 tokens scored, 8 windows of 512, BOS none, ...)
     """
     started = time.perf_counter()
+    require_scored_tokens(windows, label)
     ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
     total_nll, total_tokens = 0.0, 0
     starts = range(0, ids.size(0), batch_size)
@@ -82,12 +84,45 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
         total_tokens += count
         if progress:
             progress(i + 1, len(starts))
-    mean = total_nll / max(total_tokens, 1)
     dtype, device = model_dtype_device(model)
+    mean = mean_nll(total_nll, total_tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
                 "scored_tokens": total_tokens}
     return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=total_tokens,
                             seconds=time.perf_counter() - started, protocol=protocol)
+
+
+def require_scored_tokens(windows, label: str = "perplexity") -> int:
+    """How many targets ``windows`` score (mask positions 1..T-1); ValueError, before any work, when none."""
+    ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
+    count = ids.size(0) * max(ids.size(1) - 1, 0) if mask is None else int(mask[:, 1:].bool().sum())
+    if count == 0:
+        raise _nothing_scored(windows, label)
+    return count
+
+
+def _nothing_scored(windows, label: str) -> ValueError:
+    ids = windows.input_ids
+    return ValueError(f"No token would be scored in the {ids.size(0)} evaluation windows of {ids.size(1)} "
+                      f"tokens ({label}): every target position is padding or masked out, so the perplexity "
+                      "would read 1.0. Give windows of at least 2 tokens whose attention mask keeps some text "
+                      "(more evaluation text, or a window no longer than the documents).")
+
+
+def mean_nll(total_nll: float, scored_tokens: int, windows, label: str = "perplexity",
+             dtype: str = "float32") -> float:
+    """Mean NLL per scored token; a ValueError when no token was scored or the loss is not finite.
+
+    Zero scored tokens (every target is padding, or windows of one token) would otherwise read as
+    perplexity 1.0, and a NaN loss as a number: neither is a result.
+    """
+    if scored_tokens == 0:
+        raise _nothing_scored(windows, label)
+    mean = total_nll / scored_tokens
+    if not math.isfinite(mean):
+        raise NonFiniteError(f"The next-token loss of {label} is {mean} on {scored_tokens} tokens: non-finite "
+                             f"logits. Likely cause: {nonfinite_cause(dtype)}.")
+    return mean
 
 
 @torch.no_grad()

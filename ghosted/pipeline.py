@@ -126,6 +126,7 @@ class _RunState:
             "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
             "complete": stopped is None,
             "versions": versions(), "seconds": round(time.perf_counter() - self.started, 2),
+            "warnings": list(self.run.warnings) if self.run else [],  # ill-conditioned fits, one per gap
         }
         if stopped is not None:
             report["stopped"] = {"stage": self.stage, "by": _reason(stopped), "finished": self._finished()}
@@ -227,13 +228,15 @@ def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict
         entry["solve_seconds"] = round(r.solve_seconds, 4)
         label = "pruned" if name == "none" else name
         chosen = [f"{c['boundary']}: {c['chosen']}" for c in r.choices if "chosen" in c]
-        if chosen:  # ghost-auto: which fit each gap got
+        if chosen:  # ghost-auto: which fit each gap got, and the held-out NLL of each candidate
             entry["chosen"] = ", ".join(chosen)
+            entry["auto_heldout_nll"] = "; ".join(  # a string, like "chosen", so grid frames stay flat
+                f"{c['boundary']}: " + ", ".join(f"{k[4:]} {c[k]:.4f}" for k in c if k.startswith("nll_"))
+                for c in r.choices if "chosen" in c)
         for split in ("fit", "heldout"):
             rows = errors[(errors.method == label) & (errors.split == split)]
-            if len(rows):  # token-weighted over gaps: total error / total ‖Δ‖²
-                total_delta = (rows.error / rows.relative_error).sum()
-                entry[f"{split}_boundary_error"] = float(rows.error.sum() / total_delta)
+            if len(rows) and rows.delta_sq.sum() > 0:  # token-weighted over gaps: total error / total ‖Δ‖²
+                entry[f"{split}_boundary_error"] = float(rows.error.sum() / rows.delta_sq.sum())
     return entry
 
 
@@ -250,6 +253,9 @@ def format_table(report: dict) -> str:
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
     if report.get("selection"):
         lines.append(f"selected by {report['selection']['reason']}")
+    for e in report["results"]:  # ghost-auto: what it chose per gap ("none" = no operator) and why
+        if e.get("chosen"):
+            lines.append(f"{e['method']} chose {e['chosen']} (held-out NLL {e.get('auto_heldout_nll', '?')})")
     lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
                  f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
                  f"{ev.get('dtype')} on {ev.get('device')}")

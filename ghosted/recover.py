@@ -5,8 +5,8 @@ Methods (all training-free, all behind one interface):
   * ``ghost``: the paper's method exactly: W = I + M on the residual stream,
     (XᵀX + εI)M = XᵀΔ in float64.
   * ``ghost-robust``: W fitted on non-sink tokens, sink tokens mapped apart (see ``sinks.py``).
-  * ``ghost-auto``: per gap, ``ghost`` or ``ghost-robust``, whichever has the lower next-token
-    NLL on held-out calibration windows.
+  * ``ghost-auto``: per gap, ``ghost``, ``ghost-robust`` or no operator, whichever has the lower
+    next-token NLL on held-out calibration windows (so never worse there than plain pruning).
   * ``replaceme-ls`` / ``replaceme-cos``: a map T on the MLP output of the last kept layer, folded
     into its output projection (least squares, or ReplaceMe's cosine objective with Adam);
     ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
@@ -29,6 +29,7 @@ from ghosted import diagnostics, solve
 from ghosted.arch import num_layers
 from ghosted.assemble import GapFit, assemble
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
+from ghosted.guards import check_eps
 from ghosted.pruning import build_variant, parse_layers
 from ghosted.robust import fit_robust
 from ghosted.sinks import SinkDetector, SinkRule, sink_report
@@ -99,6 +100,7 @@ class RecoveryRun:
     protocol: dict = field(default_factory=dict)
     sinks: pd.DataFrame = field(default_factory=pd.DataFrame)  # sink report per gap (robust methods)
     statistics: dict = field(default_factory=dict)  # pass ("calibration", "held-out") -> "computed" / "reused"
+    warnings: list[str] = field(default_factory=list)  # ill-conditioned fits, one message per gap
 
     def errors(self) -> pd.DataFrame:
         """Boundary error per gap, method ("pruned" = no recovery) and split (fit / heldout)."""
@@ -228,6 +230,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
         >>> run.errors()                       # boundary errors, fit and held-out
     """
     cfg = config or RecoveryConfig()
+    check_eps(cfg.eps)  # before any work: a NaN ridge would only show as NaN operators
     cache = resolve_cache(cache)
     identity = model_identity(model) if cache else None  # before the view below hides the checkpoint
     total = num_layers(model)
@@ -264,6 +267,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
             progress=stage("held-out statistics"), show_tqdm=show_tqdm)
     shared = "reused" if set(passes.values()) == {"reused"} else "computed"
     calib_seconds = time.perf_counter() - started
+    fit_warnings = _conditioning_warnings(methods, stream_gaps, stats, cfg, calib_windows)
     keep = [i for i in range(total) if i not in set(dropped)]
     results: dict[str, MethodResult] = {}
     for method in methods:
@@ -299,37 +303,66 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     return RecoveryRun(dropped=dropped, base_layers=total, config=cfg, results=results,
                        calib_seconds=calib_seconds, protocol=dict(getattr(calib_windows, "protocol", {})),
                        sinks=sink_report(stats, detector) if wants_sinks else pd.DataFrame(),
-                       statistics=passes)
+                       statistics=passes,
+                       warnings=fit_warnings)
+
+
+def _conditioning_warnings(methods, gaps, stats, cfg: RecoveryConfig, calib_windows) -> list[str]:
+    """Warn once per gap whose ghost fit is ill-conditioned (too few tokens, huge condition number)."""
+    if not any(m in ("ghost", "ghost-robust", "ghost-auto") for m in methods):
+        return []
+    seq_len, messages = calib_windows.input_ids.size(1), []
+    for gap in gaps:  # a plain loop: stacklevel 4 points at recover's caller on every Python
+        message = solve.warn_if_ill_conditioned(stats[gap], cfg.eps, seq_len, stacklevel=4)
+        if message:
+            messages.append(message)
+    return messages
+
+
+AUTO_CANDIDATES = ("paper", "robust", "none")  # ghost-auto's choices per gap; "none": no operator there
 
 
 def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stage, show_tqdm, done):
-    """Greedy per-gap choice between the paper's fit and the robust one by held-out NLL."""
+    """Per gap, the paper's fit, the robust one or no operator, by held-out next-token NLL.
+
+    Starts from the better of "paper everywhere" and "no operator anywhere", then tries every other
+    candidate gap by gap and keeps what lowers the held-out NLL, so the result is never worse on the
+    held-out windows than plain pruning, nor than the paper's fit. Each configuration is scored once.
+    """
     from ghosted.evaluation import perplexity
 
     paper = {g: (done["ghost"].fits[g] if "ghost" in done and g in done["ghost"].fits
                  else _fit_plain("ghost", stats[g], cfg)) for g in gaps}
     robust = {g: _fit_robust(g, stats[g], heldout[g], cfg)[0] for g in gaps}
+    options = {"paper": paper, "robust": robust}
+    scored: dict[tuple[str, ...], float] = {}
 
-    def nll(fits):
-        return perplexity(assemble(model, dropped, fits, "ghost-auto", rule=rule), heldout_windows,
-                          batch_size=cfg.calibration.batch_size, show_tqdm=False).nll
+    def nll(picks: tuple[str, ...]) -> float:
+        if picks not in scored:
+            fits = {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}
+            scored[picks] = perplexity(assemble(model, dropped, fits, "ghost-auto", rule=rule), heldout_windows,
+                                       batch_size=cfg.calibration.batch_size, show_tqdm=False,
+                                       label="ghost-auto held-out").nll
+        return scored[picks]
 
-    current = dict(paper)
-    best = nll(current)
+    current = min((("paper",) * len(gaps), ("none",) * len(gaps)), key=nll)
     choices = []
     for i, g in enumerate(gaps):
         if stage("auto: choosing per gap"):
             stage("auto: choosing per gap")(i, len(gaps))
-        trial = {**current, g: robust[g]}
-        trial_nll = nll(trial)
-        use_robust = trial_nll < best
-        choices.append({"method": "ghost-auto", "boundary": f"{g.start}-{g.end}",
-                        "chosen": "robust" if use_robust else "paper", "nll_paper": best,
-                        "nll_robust": trial_nll, "reason": f"held-out NLL {trial_nll:.4f} (robust) vs "
-                        f"{best:.4f} (current) on {heldout_windows.input_ids.numel()} tokens"})
-        if use_robust:
-            current, best = trial, trial_nll
-    return current, choices
+        trials = {c: nll(current[:i] + (c,) + current[i + 1:]) for c in AUTO_CANDIDATES}
+        pick = min(AUTO_CANDIDATES, key=lambda c: (trials[c], c != current[i]))  # ties keep the current one
+        current = current[:i] + (pick,) + current[i + 1:]
+        choices.append({"method": "ghost-auto", "boundary": f"{g.start}-{g.end}", "chosen": pick,
+                        **{f"nll_{c}": trials[c] for c in AUTO_CANDIDATES},
+                        "reason": f"held-out NLL {trials['paper']:.4f} (paper), {trials['robust']:.4f} (robust), "
+                                  f"{trials['none']:.4f} (no operator) on {heldout_windows.input_ids.numel()} "
+                                  f"tokens; chose {_AUTO_LABEL[pick]}"})
+    return {g: options[p][g] for g, p in zip(gaps, current) if p != "none"}, choices
+
+
+_AUTO_LABEL = {"paper": "the paper's fit", "robust": "the robust fit",
+               "none": "no operator (plain pruning is best here)"}
 
 
 def _sequential(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, calib_cfg, rule, stage,

@@ -3,8 +3,8 @@
 * ``robust``: W = I + M fitted on non-sink tokens only; sink tokens get their own map.
 * ridge: chosen per gap from a grid, by the non-sink boundary error on held-out calibration
   tokens (closed form from statistics, no forward pass).
-* ``auto``: per gap, the paper's fit or the robust one, whichever gives the lower next-token NLL on
-  held-out calibration windows (boundary MSE would be dominated by the sink itself).
+* ``auto`` (in ``recover``): per gap, the paper's fit, the robust one or no operator, whichever gives
+  the lower next-token NLL on held-out calibration windows (boundary MSE would be dominated by the sink).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ghosted import solve
+from ghosted.guards import check_eps
 from ghosted.sinks import SinkMap, fit_sink_map
 from ghosted.stats import BoundaryStats
 
@@ -33,7 +34,12 @@ class RobustFit:
 
 def fit_robust(stats: BoundaryStats, heldout: BoundaryStats | None, *, eps: float = 1e-6,
                sink_kind: str = "constant", choose_ridge: bool = True, solver: str = "solve") -> RobustFit:
-    """Robust fit of one gap; with held-out statistics the ridge is chosen on them."""
+    """Robust fit of one gap; with held-out statistics the ridge is chosen on them.
+
+    Non-finite statistics or a non-finite / negative ``eps`` raise a ValueError naming the gap.
+    """
+    eps = check_eps(eps)
+    solve.require_finite(stats)
     clean = stats.without_sink()
     scale = float(torch.trace(clean.xtx)) / clean.dim / max(clean.n_tokens, 1)  # mean eigenvalue per token
     scale_total = scale * clean.n_tokens
@@ -48,7 +54,11 @@ def fit_robust(stats: BoundaryStats, heldout: BoundaryStats | None, *, eps: floa
         if best is None or (err is not None and err < best[3]):
             best = (weight, absolute, relative, err)
     weight, absolute, relative, err = best
-    return RobustFit(weight, _sink_map(stats, heldout, sink_kind), absolute, relative, err)
+    sink_map = _sink_map(stats, heldout, sink_kind)
+    for part in (sink_map.constant, sink_map.linear):  # W was checked by the solve itself
+        if part is not None:
+            solve.require_finite_operator(part, stats, f"{sink_map.kind} sink map")
+    return RobustFit(weight, sink_map, absolute, relative, err)
 
 
 def _sink_map(stats: BoundaryStats, heldout: BoundaryStats | None, kind: str) -> SinkMap:

@@ -36,7 +36,8 @@ from tqdm.auto import tqdm
 
 from ghosted.arch import embedding_of, layers_of, num_layers
 from ghosted.capture import input_device, tap
-from ghosted.evaluation import PerplexityResult, model_dtype_device, nll_from_logits, perplexity
+from ghosted.evaluation import (PerplexityResult, mean_nll, model_dtype_device, nll_from_logits, perplexity,
+                                require_scored_tokens)
 from ghosted.pruning import build_variant, original_indices
 
 Progress = Callable[[int, int], None]  # (batches done, batches total)
@@ -117,6 +118,7 @@ def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, sha
     Equal to ``{name: evaluate.perplexity(model, windows)}``. Each result's ``seconds`` is the
     variant's suffix time plus an equal share of the prefix time. ``share=False`` skips sharing.
     """
+    require_scored_tokens(windows, ", ".join(models))
     items = list(models.items())
     k = shared_prefix_length([m for _, m in items]) if share else 0
     if k == 0:
@@ -144,7 +146,7 @@ def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, sha
                 tally.seconds += time.perf_counter() - t1 + share_s
             if progress:
                 progress(i + 1, len(starts))
-    return {name: _result(tallies[name], model, windows) for name, model in items}
+    return {name: _result(tallies[name], model, windows, name) for name, model in items}
 
 
 def _separately(items, windows, batch_size, progress, show_tqdm) -> dict[str, PerplexityResult]:
@@ -158,10 +160,10 @@ def _separately(items, windows, batch_size, progress, show_tqdm) -> dict[str, Pe
     return out
 
 
-def _result(tally: _Tally, model: nn.Module, windows) -> PerplexityResult:
-    """The same PerplexityResult (and protocol) that ``evaluate.perplexity`` reports."""
-    mean = tally.nll / max(tally.tokens, 1)
+def _result(tally: _Tally, model: nn.Module, windows, label: str) -> PerplexityResult:
+    """The same PerplexityResult (and protocol) that ``evaluate.perplexity`` reports, with its checks."""
     dtype, device = model_dtype_device(model)
+    mean = mean_nll(tally.nll, tally.tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
                 "scored_tokens": tally.tokens}
     return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=tally.tokens,

@@ -13,6 +13,8 @@ from typing import Literal
 
 import torch
 
+from ghosted.guards import (FLOAT16_HINT, IllConditionedFitWarning, NonFiniteError, check_eps, gap_label,
+                            ill_conditioned_message)
 from ghosted.hadamard import normalized_hadamard
 from ghosted.stats import BoundaryStats
 
@@ -26,15 +28,70 @@ def ghost_operator(stats: BoundaryStats, eps: float = 1e-6,
     "solve": (XᵀX + εI)·M = XᵀΔ with an absolute ε, as in the released code.
     "pinv": M = X⁺Δ, minimum-norm, with singular values of X below rcond·σ_max cut.
     Both act as the identity on directions the calibration never excites (exactly for pinv).
+    A non-finite or negative ``eps``, non-finite statistics, or a non-finite result raise a
+    ValueError naming the gap (see ``ghosted.guards``).
     """
+    eps = check_eps(eps)
+    if solver not in ("solve", "pinv"):
+        raise ValueError(f"unknown solver {solver!r}; use 'solve' or 'pinv'")
+    require_finite(stats)
     eye = _eye_like(stats.xtx)
     if solver == "solve":
-        correction = torch.linalg.solve(stats.xtx + eps * eye, stats.xtd)  # (d, d)
-    elif solver == "pinv":
-        correction = _gram_pinv(stats.xtx, rcond) @ stats.xtd  # (d, d)
+        try:
+            correction = torch.linalg.solve(stats.xtx + eps * eye, stats.xtd)  # (d, d)
+        except torch.linalg.LinAlgError as err:
+            raise ValueError(f"The ghost solve of gap {_gap(stats)} failed: XᵀX + εI is singular (ε = {eps:g}, "
+                             f"{stats.n_tokens:,} tokens for width {stats.dim}). Use eps > 0, solver='pinv' or "
+                             "more calibration tokens.") from err
     else:
-        raise ValueError(f"unknown solver {solver!r}; use 'solve' or 'pinv'")
-    return eye + correction
+        correction = _gram_pinv(stats.xtx, rcond) @ stats.xtd  # (d, d)
+    return require_finite_operator(eye + correction, stats, f"ghost operator (eps = {eps:g}, solver {solver!r})")
+
+
+def require_finite(stats: BoundaryStats) -> None:
+    """Raise ``NonFiniteError`` naming the gap when XᵀX, XᵀΔ, ΔᵀΔ (or mᵀm, mᵀΔ) hold NaN or inf."""
+    bad = stats.nonfinite_fields()
+    if bad:
+        raise NonFiniteError(f"Non-finite calibration statistics at gap {_gap(stats)} ({', '.join(bad)} hold "
+                             f"NaN or inf): the model produced non-finite activations on the calibration "
+                             f"windows; {FLOAT16_HINT}.")
+
+
+def require_finite_operator(operator: torch.Tensor, stats: BoundaryStats, what: str) -> torch.Tensor:
+    """``operator`` unchanged when finite; otherwise a ``NonFiniteError`` naming the gap and the fit."""
+    if not bool(torch.isfinite(operator).all()):
+        raise NonFiniteError(f"The {what} of gap {_gap(stats)} is not finite although its statistics are: "
+                             f"the solve broke down ({stats.n_tokens:,} tokens for width {stats.dim}). Use a "
+                             "larger eps, solver='pinv' or more calibration tokens.")
+    return operator
+
+
+def condition_number(stats: BoundaryStats, eps: float) -> float:
+    """cond(XᵀX + εI) = λ_max / λ_min in float64 (inf when the matrix is not positive definite)."""
+    eigenvalues = torch.linalg.eigvalsh(stats.xtx + eps * _eye_like(stats.xtx))  # (d,) ascending
+    smallest, largest = float(eigenvalues[0]), float(eigenvalues[-1])
+    return largest / smallest if smallest > 0 else float("inf")
+
+
+def warn_if_ill_conditioned(stats: BoundaryStats, eps: float = 1e-6, seq_len: int | None = None,
+                            stacklevel: int = 2) -> str | None:
+    """Warn (``IllConditionedFitWarning``) when the ghost fit of this gap cannot be trusted.
+
+    That is: fewer calibration tokens than the width (XᵀX rank-deficient, the operator overfits),
+    or cond(XᵀX + εI) above ``guards.MAX_CONDITION``. Returns the message, or None when the fit is
+    sound. ``seq_len`` lets the message say how many sequences would be enough.
+    """
+    eps = check_eps(eps)
+    require_finite(stats)
+    condition = float("inf") if stats.n_tokens < stats.dim else condition_number(stats, eps)
+    message = ill_conditioned_message(stats.start, stats.end, stats.dim, stats.n_tokens, condition, eps, seq_len)
+    if message:
+        warnings.warn(message, IllConditionedFitWarning, stacklevel=stacklevel)
+    return message
+
+
+def _gap(stats: BoundaryStats) -> str:
+    return gap_label(stats.start, stats.end)
 
 
 def linearpatch_operator(stats: BoundaryStats, rotate: bool) -> torch.Tensor:
@@ -44,7 +101,7 @@ def linearpatch_operator(stats: BoundaryStats, rotate: bool) -> torch.Tensor:
         kind = "rotated " if rotate else ""
         raise ValueError(f"no {kind}LinearPatch ratios in these statistics (accumulated with "
                          f"lp=False, no Hadamard of order {stats.dim}, or no samples)")
-    scale = ratio_sum / stats.n_samples  # (d,)
+    scale = require_finite_operator(ratio_sum / stats.n_samples, stats, "LinearPatch scale")  # (d,)
     if not rotate:
         return torch.diag(scale)  # (d, d)
     h = normalized_hadamard(stats.dim).to(scale.device)  # (d, d)
@@ -57,15 +114,17 @@ def replaceme_ls(stats: BoundaryStats, ridge: float = 0.0) -> torch.Tensor:
     If mᵀm + ridge·I is singular, falls back (with a warning) to the least-squares solution
     closest to the identity, T = I + (mᵀm)⁺·mᵀΔ.
     """
+    ridge = check_eps(ridge, "ridge")
     mtm, mtd = _require_mlp(stats)
+    require_finite(stats)
     eye = _eye_like(mtm)
     lhs = mtm + ridge * eye  # (d, d)
     eigenvalues = torch.linalg.eigvalsh(lhs)  # (d,) ascending
     if eigenvalues[0] > _SINGULAR_RCOND * eigenvalues[-1].clamp_min(1e-300):
-        return torch.linalg.solve(lhs, mtm + mtd)  # (d, d)
+        return require_finite_operator(torch.linalg.solve(lhs, mtm + mtd), stats, "ReplaceMe-LS map")  # (d, d)
     warnings.warn("mᵀm is singular: ReplaceMe-LS falls back to the pseudo-inverse solution "
                   "(identity on directions m never excites)", RuntimeWarning, stacklevel=2)
-    return eye + _gram_pinv(lhs, rcond=1e-6) @ mtd
+    return require_finite_operator(eye + _gram_pinv(lhs, rcond=1e-6) @ mtd, stats, "ReplaceMe-LS map")
 
 
 def replaceme_cosine(samples_m: torch.Tensor, samples_target: torch.Tensor, *, epochs: int = 10,

@@ -131,6 +131,15 @@ class BoundaryStats:
             replaceme_samples=_merge_reservoirs(self.replaceme_samples, other.replaceme_samples),
         )
 
+    def nonfinite_fields(self) -> list[str]:
+        """Names (XᵀX, XᵀΔ, ΔᵀΔ, mᵀm, mᵀΔ) of the second moments holding NaN or inf; [] when all finite.
+
+        NaN or inf anywhere in the activations propagates into these sums, so checking them once,
+        after accumulation, catches every non-finite token at the cost of a few d x d reductions.
+        """
+        named = {"XᵀX": self.xtx, "XᵀΔ": self.xtd, "ΔᵀΔ": self.dtd, "mᵀm": self.mtm, "mᵀΔ": self.mtd}
+        return [name for name, t in named.items() if t is not None and not bool(torch.isfinite(t).all())]
+
     def __add__(self, other: BoundaryStats) -> BoundaryStats:
         return self.merge(other)
 

@@ -41,6 +41,9 @@ def influence_form(cfg, n_layers: int) -> dict:
                                     help="a ghost fit per block: each n adds memory and time")
         metrics = st.multiselect("Criteria", list(CRITERIA), default=list(DEFAULT_CRITERIA),
                                  key="influence_metrics", format_func=criterion_label)
+        if not cfg.allow_costly_criteria:
+            st.caption(f"The {cfg.name} deployment does not compute the slow criteria (removal perplexity, "
+                       "Taylor+, SLEB).")
         st.form_submit_button("Compute influence", type="primary", key="influence_run", disabled=_ui.busy(),
                               on_click=_ui.start_job, args=("influence",))
     return {"text": text, "n_seqs": int(n_seqs), "seq_len": int(seq_len), "rec_n": rec_n, "metrics": metrics}
@@ -51,6 +54,7 @@ def compute(lm, form: dict, progress) -> dict:
     if not form["metrics"]:
         raise ValueError("Choose at least one criterion.")
     heldout = 4 if "recoverability_heldout" in form["metrics"] else 0
+    _ui.deployment().check_criteria(form["metrics"])  # demo: no pass per layer, no backward pass
     _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"], heldout)
     progress("tokenising", 0, 1)
     windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"] + heldout, form["seq_len"], seed=0)

@@ -15,13 +15,14 @@ DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the pa
 METHOD_HELP = (
     "ghost: the paper's map W = I + M, least squares on every token. "
     "ghost-robust: W on the non-sink tokens, the sink tokens mapped apart. "
-    "ghost-auto: per gap, whichever of the two predicts held-out windows better. "
+    "ghost-auto: per gap, whichever of the two, or no operator, predicts held-out windows better. "
     "linearpatch-diag / -rotate: per-channel scaling, plain or in a Hadamard basis. "
     "replaceme-ls (-robust): a map on the MLP output of the layer before the gap, folded into its weights. "
     "replaceme-cos: the same map trained with a cosine loss (its paper's settings need millions of tokens; "
     "on a small calibration it stays near no recovery).")
-AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**) or the sink-robust one "
-             "(**ghost-robust**), whichever predicts the held-out calibration windows better (next-token loss). "
+AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
+             "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
+             "(next-token loss), so it is never worse there than plain pruning. "
              "On the reproduction grid it was never worse than the paper's fit beyond noise, and far better where "
              "an attention sink is born inside the removed block (see the Learn page).")
 
@@ -99,7 +100,9 @@ def summary(stored: dict) -> None:
     st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
                "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")
     tokens, width = proto["n_windows"] * proto["seq_len"], hidden_size(run.results["none"].model)
-    if tokens < 4 * width:
+    for message in run.warnings:  # ill-conditioned fits, one per gap
+        st.warning(message, icon=":material/warning:")
+    if tokens < 4 * width and not run.warnings:
         st.warning(f"Only {tokens:,} calibration tokens for a {width}-wide stream: the {width} x {width} "
                    "operators overfit (good on the fitted windows, poor on held-out ones). Use at least "
                    f"{4 * width:,} tokens, e.g. more sequences.", icon=":material/warning:")

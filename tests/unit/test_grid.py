@@ -62,7 +62,7 @@ def test_every_setting_method_and_text_has_a_row(tiny_grid):
         assert len(group) == 2 * len(expected)  # once per text
     assert frame.ppl.map(math.isfinite).all()
     auto = frame[frame.method == "ghost-auto"]
-    assert auto.chosen.str.fullmatch(r"(\d+-\d+: (paper|robust)(, )?)+").all()  # what auto chose, per gap
+    assert auto.chosen.str.fullmatch(r"(\d+-\d+: (paper|robust|none)(, )?)+").all()  # what auto chose, per gap
 
 
 def test_layers_are_the_criteria_choices(tiny_grid):
