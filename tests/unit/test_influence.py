@@ -165,7 +165,8 @@ def test_recoverability_equals_the_ghost_fit_error_of_recover(model):
     stats = collect_stats(model, windows, [Gap(3, 5)], CalibrationConfig(replaceme=False, linearpatch=False),
                           show_tqdm=False)[Gap(3, 5)]
     want = relative_error(stats, stream_error(stats, ghost_operator(stats, eps=EPS)))
-    assert report.matrix("recoverability").loc[3, 2] == pytest.approx(want, rel=1e-6)
+    # two float32 forward passes (influence's batches and collect_stats'): a ratio in [0, 1]
+    assert report.matrix("recoverability").loc[3, 2] == pytest.approx(want, rel=TINY_MODEL_TOL, abs=TINY_MODEL_TOL)
 
 
 def test_boundary_L_is_before_the_final_norm():
@@ -268,8 +269,8 @@ def test_single_removal_perplexity_matches_skipping_each_layer(model):
                        show_tqdm=False)
     for layer in range(6):
         want = math.exp(direct_nll(skip_layers(model, {layer}), ids))
-        assert report.layer_values("ppl_single")[layer] == pytest.approx(want, rel=1e-5)
-    assert report.meta["dense_calibration_ppl"] == pytest.approx(math.exp(direct_nll(model, ids)), rel=1e-5)
+        assert report.layer_values("ppl_single")[layer] == pytest.approx(want, rel=TINY_MODEL_TOL)  # float32 logits
+    assert report.meta["dense_calibration_ppl"] == pytest.approx(math.exp(direct_nll(model, ids)), rel=TINY_MODEL_TOL)
 
 
 def test_sleb_follows_the_greedy_definition(model):
