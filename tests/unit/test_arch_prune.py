@@ -38,6 +38,7 @@ def test_prune_leaves_original_untouched(family):
     pruned = prune(model, "1,3-4")
     assert num_layers(pruned) == 3 and pruned.config.num_hidden_layers == 3
     assert pruned(ids).logits.shape == before_logits.shape
+    # untouched: same bits (same machine, same thread count)
     torch.testing.assert_close(model(ids).logits, before_logits, rtol=0, atol=0)
     assert checksum(model) == before_sum
     assert layer_indices(model) == before_idx
@@ -88,6 +89,8 @@ def test_pruned_generates_with_cache(family):
     ids = random_ids(1, 8)
     with_cache = pruned.generate(ids, max_new_tokens=8, do_sample=False, use_cache=True)
     without = pruned.generate(ids, max_new_tokens=8, do_sample=False, use_cache=False)
+    # token ids: cached and uncached logits differ by float32 round-off only, which never flips an argmax
+    # of these seeds (same machine, same thread count); the promise is the greedy tokens, not the logit bits
     assert torch.equal(with_cache, without)
 
 
@@ -102,8 +105,8 @@ def test_save_reload_round_trip(family, tmp_path):
     ids = random_ids(1, 8)
     a = pruned.generate(ids, max_new_tokens=10, do_sample=False)
     b = reloaded.generate(ids, max_new_tokens=10, do_sample=False)
-    assert torch.equal(a, b)
-    torch.testing.assert_close(pruned(ids).logits, reloaded(ids).logits)
+    assert torch.equal(a, b)  # greedy tokens of the same weights and ops (same machine, same thread count)
+    torch.testing.assert_close(pruned(ids).logits, reloaded(ids).logits)  # float32 defaults: rtol 1.3e-6
 
 
 def test_prune_of_pruned_tracks_original_indices(tiny_llama):

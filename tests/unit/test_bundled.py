@@ -47,6 +47,7 @@ def test_pruning_keeps_the_shared_model_intact(bundled, eval_windows):
         pruned = prune(bundled.model, "20-26")
         assert num_layers(pruned) == 23 and num_layers(bundled.model) == 30
         pruned(ids)
+        # untouched: same bits (same machine, same thread count)
         torch.testing.assert_close(bundled.model(ids).logits, before, rtol=0, atol=0)
 
 
@@ -54,7 +55,7 @@ def test_greedy_generation_is_deterministic_and_uses_chat_template(bundled):
     prompts = ["Albert Einstein was a German-born physicist who", "The capital of France is"]
     a = generate(bundled.model, bundled.tokenizer, prompts, max_new_tokens=12)
     b = generate(bundled.model, bundled.tokenizer, prompts, max_new_tokens=12)
-    assert a == b and all(len(t.strip()) > 0 for t in a)
+    assert a == b and all(len(t.strip()) > 0 for t in a)  # greedy determinism (same machine, same thread count)
     chat = generate(bundled.model, bundled.tokenizer, ["What is the capital of France?"], max_new_tokens=12,
                     chat=True)
     assert "Paris" in chat[0]

@@ -20,6 +20,7 @@ from ghosted.export import load_recovered, save_recovered
 from ghosted.recover import RecoveryConfig, recover
 from ghosted.text import TokenWindows
 from tests.tiny import random_ids, tiny_model
+from tests.tolerance import TINY_MODEL_TOL, assert_close_on_scale
 
 DROP = "3-4"  # the ghost operator sits after layer 2, which is offloaded in both maps
 DEVICE_MAP = {"model.embed_tokens": "disk", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
@@ -75,14 +76,16 @@ def test_calibrate_ghost_perplexity_generate_match_the_unsharded_model(dense, sh
     got = recover(sharded, DROP, ["none", "ghost"], calib, show_tqdm=False)
     gap = next(iter(ref.results["ghost"].stats))
     ref_stats, got_stats = ref.results["ghost"].stats[gap], got.results["ghost"].stats[gap]
-    assert torch.allclose(got_stats.xtx, ref_stats.xtx, rtol=1e-10, atol=1e-8)
-    assert torch.allclose(got_stats.xtd, ref_stats.xtd, rtol=1e-10, atol=1e-8)
-    assert torch.allclose(got.results["ghost"].operators[gap], ref.results["ghost"].operators[gap],
-                          rtol=1e-8, atol=1e-8)
+    # float64 sums of float32 hidden states; the solve amplifies their round-off by at most cond(XᵀX)
+    assert_close_on_scale(got_stats.xtx, ref_stats.xtx, TINY_MODEL_TOL)
+    assert_close_on_scale(got_stats.xtd, ref_stats.xtd, TINY_MODEL_TOL)
+    solve_tol = TINY_MODEL_TOL * float(torch.linalg.cond(ref_stats.xtx))
+    assert_close_on_scale(got.results["ghost"].operators[gap], ref.results["ghost"].operators[gap], solve_tol)
     for method in ("none", "ghost"):
         ppl_ref = perplexity(ref.results[method].model, calib, show_tqdm=False).ppl
         ppl_got = perplexity(got.results[method].model, calib, show_tqdm=False).ppl
         assert ppl_got == pytest.approx(ppl_ref, rel=1e-5)
+        # greedy tokens: the logits above agree to round-off, far below the top-two logit gap of these seeds
         assert torch.equal(greedy(got.results[method].model, ids), greedy(ref.results[method].model, ids))
     ppl_none = perplexity(got.results["none"].model, calib, show_tqdm=False).ppl
     assert ppl_none != pytest.approx(perplexity(got.results["ghost"].model, calib, show_tqdm=False).ppl)
@@ -103,7 +106,7 @@ def test_the_sharded_model_is_not_changed(sharded):
     run = recover(sharded, DROP, ["ghost", "replaceme-ls"], windows(),
                   config=RecoveryConfig(replaceme_fold=False), show_tqdm=False)
     greedy(run.results["ghost"].model, ids)
-    assert torch.equal(logits(sharded, ids), before)
+    assert torch.equal(logits(sharded, ids), before)  # untouched: same bits (same machine, same thread count)
     assert len(sharded.model.layers) == 6 and not hasattr(sharded.model.layers[2], "ghosted_post")
     assert sharded.model.layers[2].mlp.down_proj.weight.device.type == "meta"  # still offloaded
     now = {name: module._hf_hook for name, module in sharded.named_modules() if hasattr(module, "_hf_hook")}
@@ -142,4 +145,4 @@ def test_load_recovered_with_a_device_map(dense, tmp_path):
     loaded = load_recovered(folder, device_map=device_map, offload_folder=str(tmp_path / "off")).model
     assert loaded.model.layers[2].mlp.down_proj.weight.device.type == "meta"
     assert torch.allclose(logits(loaded, ids), logits(run.results["ghost"].model, ids), atol=1e-5)
-    assert torch.equal(greedy(loaded, ids), greedy(run.results["ghost"].model, ids))
+    assert torch.equal(greedy(loaded, ids), greedy(run.results["ghost"].model, ids))  # tokens, as above

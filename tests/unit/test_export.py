@@ -52,6 +52,8 @@ def test_roundtrip_gives_identical_logits(tmp_path, family, drop, methods):
         recovered = run.results[method].model
         folder = save_recovered(recovered, tmp_path / method, recipe=run)
         loaded = load_recovered(folder, device="cpu")
+        # bitwise: export promises the same weights, so the same float32 ops give the same bits
+        # (same machine, same thread count)
         assert torch.equal(logits(loaded.model), logits(recovered))
         assert len(operators_of(loaded.model)) == len(operators_of(recovered)) > 0
         assert (folder / OPERATORS_FILE).exists()
@@ -100,7 +102,7 @@ def test_folded_replaceme_is_a_plain_checkpoint(tmp_path):
     assert recipe["checkpoint"] == "plain" and "AutoModelForCausalLM" in recipe["load_with"]
     plain, info = plain_load(folder)
     assert_clean_load(info)
-    assert torch.equal(logits(plain), logits(recovered))
+    assert torch.equal(logits(plain), logits(recovered))  # same weights, same bits (same machine, same thread count)
     assert torch.equal(logits(load_recovered(folder, device="cpu").model), logits(recovered))
     pruned = recover(model, "2-3", ["none"], windows(), show_tqdm=False).results["none"].model
     assert not torch.allclose(logits(plain), logits(pruned))  # the fold is in the saved weights
@@ -113,6 +115,7 @@ def test_resaving_a_plain_model_removes_stale_operators(tmp_path):
     assert (folder / OPERATORS_FILE).exists()
     save_recovered(run.results["none"].model, folder, recipe=run, overwrite=True)
     assert not (folder / OPERATORS_FILE).exists()
+    # same weights, same bits (same machine, same thread count)
     assert torch.equal(logits(load_recovered(folder, device="cpu").model), logits(run.results["none"].model))
 
 
@@ -152,6 +155,7 @@ def test_saving_never_changes_the_model(tmp_path):
     out = logits(recovered)
     save_recovered(recovered, tmp_path / "g", recipe=run)
     assert list(recovered.state_dict()) == keys and any("ghosted_post" in k for k in keys)
+    # untouched (same machine, same thread count)
     assert torch.equal(logits(recovered), out) and torch.equal(logits(model), before)
 
 
@@ -173,7 +177,7 @@ def test_robust_operator_roundtrip(tmp_path):
     recovered = run.results["ghost-robust"].model
     folder = save_recovered(recovered, tmp_path / "r", recipe=run)
     loaded = load_recovered(folder, device="cpu").model
-    assert torch.equal(logits(loaded), logits(recovered))
+    assert torch.equal(logits(loaded), logits(recovered))  # same weights, same bits (same machine, same thread count)
     assert read_recipe(folder)["operators"][0]["kind"] == "robust"
 
 
@@ -195,6 +199,7 @@ def test_bundled_model_with_seven_layers_dropped(bundled, tmp_path):
     assert {"config.json", "model.safetensors", OPERATORS_FILE, RECIPE_FILE, "tokenizer.json"} <= names
     loaded = load_recovered(folder)
     ids = evaluation_windows(bundled.tokenizer, "bundled:wiki", 256, 128).input_ids  # (2, 128)
+    # same weights, same bits (same machine, same thread count)
     assert torch.equal(logits(loaded.model, ids), logits(recovered, ids))
     assert loaded.model.config.num_hidden_layers == 23
     prompt = "The capital of France is"

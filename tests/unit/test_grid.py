@@ -15,6 +15,7 @@ from ghosted.loading import LoadedModel
 from ghosted.pruning import format_layers, prune
 from ghosted.recover import BRANCH_METHODS, METHODS
 from tests.tiny import VOCAB, tiny_model
+from tests.tolerance import FLOAT64_REL
 
 
 class CharTokenizer:
@@ -89,10 +90,12 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
         windows = capped_evaluation_windows(lm.tokenizer, source, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
         rows = result.frame[result.frame["eval"] == source]
         dense = perplexity(lm.model, windows, batch_size=2, show_tqdm=False).ppl
-        assert rows[rows.method == "dense"].ppl.tolist() == pytest.approx([dense] * 4, rel=1e-9)
+        # the grid's shared evaluation runs the same float32 ops as evaluating alone (same machine, same
+        # thread count): only float64 sums may differ
+        assert rows[rows.method == "dense"].ppl.tolist() == pytest.approx([dense] * 4, rel=FLOAT64_REL)
         for layers, group in rows[rows.method == "none"].groupby("layers"):
             pruned = perplexity(prune(lm.model, layers), windows, batch_size=2, show_tqdm=False).ppl
-            assert group.ppl.tolist() == pytest.approx([pruned] * len(group), rel=1e-9)
+            assert group.ppl.tolist() == pytest.approx([pruned] * len(group), rel=FLOAT64_REL)
 
 
 def test_same_layers_are_fitted_once(monkeypatch):

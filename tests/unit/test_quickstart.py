@@ -65,6 +65,7 @@ def test_quickstart_runs(bundled, tmp_path, monkeypatch, capsys):
     assert len(scope["drop"]) == 7
     ids = scope["calib"].input_ids[:2, :64]  # (2, 64)
     with torch.no_grad():
+        # bitwise: a reloaded model runs the same float32 ops on the same weights (same machine, same thread count)
         assert torch.equal(scope["again"].model(input_ids=ids).logits, scope["ghost"](input_ids=ids).logits)
     assert (tmp_path / "smollm2-ghost" / "ghosted_recipe.json").exists()
     ppl = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(none|ghost) ([\d.e+]+)$", printed, re.M)}

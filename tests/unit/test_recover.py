@@ -12,6 +12,7 @@ from ghosted.patch import operators_of
 from ghosted.recover import RecoveryConfig, recover
 from ghosted.solve import stream_error
 from tests.tiny import random_ids, tiny_model
+from tests.tolerance import TINY_MODEL_TOL, assert_close_on_scale
 
 
 def windows(n=6, t=24, seed=0):
@@ -78,6 +79,7 @@ def test_recover_never_mutates_and_all_methods_run(drop):
         out = r.model(random_ids()).logits
         assert torch.isfinite(out).all(), name
     assert checksum(model) == before
+    # untouched: same bits (same machine, same thread count)
     torch.testing.assert_close(model(random_ids()).logits, logits, rtol=0, atol=0)
     assert not any(operators_of(model)), "no operator may be attached to the original"
     assert set(run.errors().method) >= {"pruned", "ghost"}
@@ -125,6 +127,8 @@ def test_recovered_models_generate_with_kv_cache(method):
     ids = random_ids(2, 8, seed=3)
     a = rec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, use_cache=True)
     b = rec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, use_cache=False)
+    # token ids: operators act token by token, so cached and uncached logits differ by float32 round-off
+    # only, which never flips an argmax of these seeds (same machine, same thread count)
     assert torch.equal(a, b)
 
 
@@ -148,7 +152,8 @@ def test_sequential_mode_fits_on_the_patched_stream():
     seq = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1), cfg, show_tqdm=False).results["ghost"]
     ind = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1), show_tqdm=False).results["ghost"]
     first, second = Gap(2, 3), Gap(5, 6)
-    torch.testing.assert_close(seq.operators[first], ind.operators[first])  # nothing upstream of it
+    solve_tol = TINY_MODEL_TOL * float(torch.linalg.cond(ind.stats[first].xtx))  # float32 states, one solve
+    assert_close_on_scale(seq.operators[first], ind.operators[first], solve_tol)  # nothing upstream of it
     assert not torch.allclose(seq.operators[second], ind.operators[second])  # fitted on drifted inputs
 
 
@@ -164,7 +169,7 @@ def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
     w = windows()
     a = recover(pruned, "2-3", ["ghost"], w, show_tqdm=False).results["ghost"]
     b = recover(reloaded, "2-3", ["ghost"], w, show_tqdm=False).results["ghost"]
-    torch.testing.assert_close(a.stats[Gap(2, 4)].xtx, b.stats[Gap(2, 4)].xtx)
+    assert_close_on_scale(a.stats[Gap(2, 4)].xtx, b.stats[Gap(2, 4)].xtx, TINY_MODEL_TOL)  # of float32 states
     ids = random_ids(2, 12, seed=7)
     torch.testing.assert_close(a.model(ids).logits, b.model(ids).logits, rtol=1e-4, atol=1e-4)
 

@@ -140,7 +140,7 @@ def test_reservoir_is_uniform_and_seeded():
     assert abs(inclusion[:30].mean() - 0.1) < 0.02 and abs(inclusion[30:].mean() - 0.1) < 0.02
     first = accumulate(make_batches(), reservoir_tokens=4, seed=7).replaceme_samples
     again = accumulate(make_batches(), reservoir_tokens=4, seed=7).replaceme_samples
-    assert torch.equal(first.m, again.m)
+    assert torch.equal(first.m, again.m)  # seeded reservoir: the same rows are kept (same machine, same thread count)
 
 
 def test_sink_split_adds_up():
