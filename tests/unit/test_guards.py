@@ -311,6 +311,6 @@ def test_cli_prints_the_ill_conditioned_warning_once_per_gap(tmp_path):
 def test_cli_refuses_nan_eps(capsys, bundled):
     from ghosted.cli import main
 
-    code = main(["run", "--drop", "20-22", "--methods", "none,ghost", "--eps", "nan", "--eval-tokens", "256"])
+    code = main(["run", "--drop", "20-22", "--methods", "none,ghost", "--eps", "nan", "--eval-tokens", "512"])
     assert code == 2
     assert "eps" in capsys.readouterr().err
