@@ -17,10 +17,12 @@ from ghosted import __version__
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
 from ghosted.loading import LoadedModel, load_model
+from ghosted.protocols import describe_protocol, protocol_windows, resolve_protocol
 from ghosted.pruning import format_layers, parse_layers
 from ghosted.recover import RecoveryConfig, RecoveryRun, recover
 from ghosted.shared_eval import perplexities
-from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
+from ghosted.text import TokenWindows, calibration_windows
+from ghosted.zeroshot import add_task_results, task_columns, task_protocol_lines
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -50,6 +52,10 @@ class RunConfig:
     eps: float = 1e-6  # ghost ridge
     solver: str = "solve"  # "solve" or "pinv"
     batch_size: int = 4  # windows per forward pass
+    protocol: str = ""  # perplexity preset (ghosted.protocols): "paper", "bundled", or "" for eval/eval_seq_len
+    tasks: list[str] = field(default_factory=list)  # zero-shot tasks: "bundled-lastword", lm-eval task names
+    task_limit: int | None = None  # examples per task (None: all)
+    num_fewshot: int = 0  # few-shot examples per task (the paper: zero-shot)
 
     def recovery_config(self) -> RecoveryConfig:
         return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode,
@@ -88,7 +94,8 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
 
     dropped, selection = _layers_to_drop(cfg, lm)
     methods = list(dict.fromkeys(cfg.methods))
-    eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
+    protocol = resolve_protocol(cfg.protocol, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
+    eval_sets, skipped_sources = protocol_windows(lm.tokenizer, protocol)
     run, calib_proto = None, None
     recovery_methods = [m for m in methods if m != "dense"]
     if recovery_methods:
@@ -104,17 +111,27 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
     errors = run.errors() if run else None
     step = (lambda done, total: progress("perplexity", done, total)) if progress else None
-    results = perplexities(models, eval_windows, batch_size=cfg.batch_size, progress=step,
-                           show_tqdm=show_tqdm)  # leading layers shared by all variants run once
+    by_source = {source: perplexities(models, windows, batch_size=cfg.batch_size, progress=step,
+                                      show_tqdm=show_tqdm)  # leading layers shared by all variants run once
+                 for source, windows in eval_sets.items()}
+    results = next(iter(by_source.values()))
     entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
+    for entry in entries if len(by_source) > 1 else []:  # the paper protocol: one perplexity per text
+        entry["ppl_by_source"] = {source: res[entry["method"]].ppl for source, res in by_source.items()}
     report = {
         "model": lm.name, "model_source": lm.source, "dropped": dropped,
         "dropped_spec": format_layers(dropped), "layers": num_layers(lm.model), "selection": selection,
         "config": asdict(cfg), "protocol": {"evaluation": entries[0]["protocol"] if entries else {},
-                                            "calibration": calib_proto},
+                                            "calibration": calib_proto,
+                                            "perplexity": describe_protocol(protocol, skipped_sources),
+                                            "evaluations": {s: next(iter(r.values())).protocol
+                                                            for s, r in by_source.items()}},
         "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
         "versions": versions(), "seconds": round(time.perf_counter() - started, 2),
     }
+    add_task_results(report, models, lm.tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
+                     progress=progress, show_tqdm=show_tqdm)
+    report["seconds"] = round(time.perf_counter() - started, 2)
     return report, run
 
 
@@ -160,19 +177,28 @@ def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict
 
 def format_table(report: dict) -> str:
     """A plain-text table of the report's results, with the protocol underneath."""
-    head = f"{'method':<20}{'ppl':>12}{'held-out err':>14}{'calib s':>10}{'solve s':>10}{'params':>14}"
+    sources = list(report["results"][0].get("ppl_by_source", {})) if report["results"] else []
+    ppl_head = "".join(f"{'ppl ' + s[:10]:>16}" for s in sources) if sources else f"{'ppl':>12}"
+    task_head, task_cells = task_columns(report)
+    head = f"{'method':<20}{ppl_head}{'held-out err':>14}{'calib s':>10}{'solve s':>10}{'params':>14}{task_head}"
     lines = [head, "-" * len(head)]
-    for e in report["results"]:
+    for e, tasks in zip(report["results"], task_cells):
         err = e.get("heldout_boundary_error")
-        lines.append(f"{e['method']:<20}{e['ppl']:>12.3f}{'' if err is None else f'{err:.4f}':>14}"
-                     f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}")
+        ppl = "".join(f"{v:>16.3f}" for v in e["ppl_by_source"].values()) if sources else f"{e['ppl']:>12.3f}"
+        lines.append(f"{e['method']:<20}{ppl}{'' if err is None else f'{err:.4f}':>14}"
+                     f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}{tasks}")
     ev = report["protocol"]["evaluation"]
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
     if report.get("selection"):
         lines.append(f"selected by {report['selection']['reason']}")
-    lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
-                 f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
-                 f"{ev.get('dtype')} on {ev.get('device')}")
+    preset = report["protocol"].get("perplexity", {})
+    lines.append(f"protocol: {preset.get('name', 'custom')} ({preset.get('note', '')})")
+    for ev in report["protocol"].get("evaluations", {"": ev}).values():
+        lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
+                     f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
+                     f"{ev.get('dtype')} on {ev.get('device')}")
+    lines += [f"protocol {preset['name']}: skipped {s}: {why}" for s, why in preset.get("skipped", {}).items()]
+    lines += task_protocol_lines(report)
     cal = report["protocol"]["calibration"]
     if cal:
         lines.append(f"calibration: {cal.get('source')} ({cal.get('part')}), {cal.get('n_windows')} x "

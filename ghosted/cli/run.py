@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ghosted.cli.common import add_model_args, add_text_args, load_from_args, write_json
+from ghosted.cli.common import (add_model_args, add_protocol_args, add_task_args, add_text_args, load_from_args,
+                                task_options, write_json)
 from ghosted.recover import METHODS
 
 
@@ -34,6 +35,8 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
+    add_protocol_args(p)
+    add_task_args(p)
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.set_defaults(handler=handle)
 
@@ -47,7 +50,7 @@ def handle(args) -> int:
                     seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size)
+                    solver=args.solver, batch_size=args.batch_size, **task_options(args))
     report, _ = run_experiment(cfg, loaded=load_from_args(args))
     print(format_table(report))
     write_json(args.out, report)
