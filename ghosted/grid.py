@@ -62,6 +62,10 @@ class GridConfig:
     dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
     seed: int = 0  # which calibration windows are drawn
     batch_size: int = 4  # windows per forward pass
+    protocol: str = ""  # perplexity preset (ghosted.protocols) replacing evals/eval_seq_len: "paper", "bundled"
+    tasks: list[str] = field(default_factory=list)  # zero-shot tasks per method: "bundled-lastword", lm-eval names
+    task_limit: int | None = None  # examples per task (None: all)
+    num_fewshot: int = 0  # few-shot examples per task
 
     def criterion(self, selection: str) -> str:
         return ALIASES.get(selection, selection)
@@ -73,9 +77,10 @@ class GridResult:
 
     frame: pd.DataFrame
     meta: dict
+    tasks: pd.DataFrame | None = None  # zero-shot scores: selection, n, layers, model (method), task, metric, ...
 
     def markdown(self) -> str:
-        return to_markdown(self.frame, self.meta)
+        return to_markdown(self.frame, self.meta) + task_markdown(self.tasks)
 
     def save(self, out_dir: str | Path) -> list[Path]:
         """Write grid.csv (tidy rows), grid.md (tables) and grid.json (rows + meta) into ``out_dir``."""
@@ -86,7 +91,11 @@ class GridResult:
         paths[1].write_text(self.markdown() + "\n")
         rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
                 for r in self.frame.to_dict("records")]
-        paths[2].write_text(json.dumps({"meta": self.meta, "rows": rows}, indent=2, default=str))
+        tasks = [] if self.tasks is None else self.tasks.to_dict("records")
+        paths[2].write_text(json.dumps({"meta": self.meta, "rows": rows, "tasks": tasks}, indent=2, default=str))
+        if tasks:
+            paths.append(out / "grid_tasks.csv")
+            self.tasks.to_csv(paths[-1], index=False)
         return paths
 
 
@@ -119,8 +128,10 @@ def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[s
 
 
 def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fit, held,
-                     evals: dict[str, TokenWindows], cfg: GridConfig, show_tqdm: bool) -> tuple[list[dict], dict]:
-    """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation."""
+                     evals: dict[str, TokenWindows], cfg: GridConfig, show_tqdm: bool, tokenizer=None
+                     ) -> tuple[list[dict], dict, object]:
+    """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation; and the
+    zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
     started = time.perf_counter()
     rec_cfg = RecoveryConfig(calibration=CalibrationConfig(batch_size=cfg.batch_size, seed=cfg.seed))
     run = recover(model, layers, methods, fit, held, rec_cfg, show_tqdm=show_tqdm)
@@ -132,8 +143,19 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
         results = perplexities(models, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm)
         for name, model_ in models.items():
             rows.append(_row(source, result_entry(name, results[name], run, errors, model_)))
+    tasks = score_tasks(models, tokenizer, cfg, show_tqdm)
     timing = {"fit_seconds": round(fitted - started, 1), "eval_seconds": round(time.perf_counter() - fitted, 1)}
-    return rows, timing
+    return rows, timing, tasks
+
+
+def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, show_tqdm: bool):
+    """``cfg.tasks`` scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
+    if not cfg.tasks:
+        return None
+    from ghosted.zeroshot import evaluate_tasks
+
+    return evaluate_tasks(models, tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
+                          batch_size=cfg.batch_size, show_tqdm=show_tqdm, say=lambda line: None)
 
 
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
@@ -144,7 +166,7 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
     fit, held = split_calibration(calib, cfg.heldout_seqs)
-    evals = {s: capped_evaluation_windows(lm.tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals}
+    evals, protocol = _evaluation_texts(lm.tokenizer, cfg, say)
     say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
     t0 = time.perf_counter()
     chosen = choose_layers(lm.model, cfg, fit, held)
@@ -152,8 +174,11 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
             "selections": {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay), "reason": why}
                            for (s, n), (lay, why) in chosen.items()},
             "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
-            "notes": [], "settings": {}}
+            "notes": [], "settings": {}, "protocol": protocol}
     rows = _dense_rows(lm.model, cfg, evals, say, show_tqdm) if "dense" in cfg.methods else {}
+    dense_tasks = score_tasks({"dense": lm.model}, lm.tokenizer, cfg, show_tqdm) if "dense" in cfg.methods else None
+    tasks: dict[tuple[int, ...], object] = {}
+    task_frames = []
     recovery = [m for m in dict.fromkeys(cfg.methods) if m != "dense"]
     done: dict[tuple[int, ...], list[dict]] = {}
     all_rows = []
@@ -162,14 +187,34 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
         if key not in done and recovery:
             methods, notes = applicable(recovery, layers)
             say(f"{selection} n={n}: layers {format_layers(layers)}, {len(methods)} methods")
-            done[key], timing = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg, show_tqdm)
+            done[key], timing, tasks[key] = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg,
+                                                             show_tqdm, tokenizer=lm.tokenizer)
             meta["settings"][format_layers(layers)] = timing
             meta["notes"] += [f"{selection} {n} (layers {format_layers(layers)}): {x}" for x in notes]
         setting = {"selection": selection, "criterion": cfg.criterion(selection), "n": n,
                    "layers": format_layers(layers)}
         all_rows += [{**setting, **r} for r in [*rows.values(), *done.get(key, [])]]
+        task_frames += [run.frame.assign(**setting) for run in (dense_tasks, tasks.get(key)) if run is not None]
+    scored = [run for run in (dense_tasks, *tasks.values()) if run is not None]
+    if scored:
+        meta["tasks"] = {"protocols": {t: p for run in scored for t, p in run.protocols.items()},
+                         "skipped": {t: why for run in scored for t, why in run.skipped.items()}}
     meta.update(versions=versions(), seconds=round(time.perf_counter() - started, 1))
-    return GridResult(pd.DataFrame(all_rows), meta)
+    frame = pd.concat(task_frames, ignore_index=True) if task_frames else None
+    return GridResult(pd.DataFrame(all_rows), meta, frame)
+
+
+def _evaluation_texts(tokenizer, cfg: GridConfig, say: Progress) -> tuple[dict[str, TokenWindows], dict]:
+    """({text: windows}, the protocol as a report field): a named preset, or ``cfg.evals`` capped."""
+    from ghosted.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
+
+    if cfg.protocol:
+        protocol = resolve_protocol(cfg.protocol, "", cfg.eval_tokens, cfg.eval_seq_len)
+        evals, skipped = protocol_windows(tokenizer, protocol, say)
+        return evals, describe_protocol(protocol, skipped)
+    evals = {s: capped_evaluation_windows(tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals}
+    custom = EvalProtocol("custom", tuple(cfg.evals), cfg.eval_seq_len, cfg.eval_tokens, "texts given with --evals")
+    return evals, describe_protocol(custom)
 
 
 def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, show_tqdm: bool) -> dict:
@@ -208,6 +253,32 @@ def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
             parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")
         parts.append("")
     return "\n".join(parts).rstrip()
+
+
+def task_markdown(tasks: pd.DataFrame | None) -> str:
+    """One accuracy table per task (% ± stderr), rows = selection x n, columns = methods; and the
+    average over tasks when there are several (the paper's AVG). Empty without tasks."""
+    if tasks is None or tasks.empty:
+        return ""
+    acc = tasks[tasks.metric == "acc"]
+    names = list(dict.fromkeys(acc.task))
+    parts = [""]
+    for task in [*names, "average"] if len(names) > 1 else names:
+        sub = acc[acc.task == task] if task != "average" else \
+            acc.groupby(["selection", "n", "layers", "model"], sort=False, as_index=False).value.mean()
+        methods = list(dict.fromkeys(sub.model))
+        what = f"Zero-shot accuracy on {task}" if task != "average" else "Zero-shot accuracy, average over tasks"
+        parts += [f"\n**{what}** (%, higher is better)\n", "| selection | n | layers | " + " | ".join(methods) + " |",
+                  "|---|---|---|" + "---|" * len(methods)]
+        for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
+            cells = {r.model: _acc_cell(r.value, getattr(r, "stderr", None)) for r in group.itertuples()}
+            parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells.get(m, "n/a") for m in methods) + " |")
+    return "\n".join(parts)
+
+
+def _acc_cell(value: float, stderr: float | None) -> str:
+    err = "" if stderr is None or math.isnan(stderr) else f" ± {100 * stderr:.1f}"
+    return f"{100 * value:.1f}{err}"
 
 
 def _cell(value: float | None, bold: bool) -> str:

@@ -171,17 +171,18 @@ def parse_tasks(text: str | list[str] | None) -> list[str]:
 
 def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], limit: int | None = None,
                    num_fewshot: int = 0, batch_size: int = 8, progress: TaskProgress | None = None,
-                   show_tqdm: bool = True, say: Progress | None = None) -> TaskRun:
+                   show_tqdm: bool = True, say: Progress | None = None, ghosted_scorer: bool = True) -> TaskRun:
     """Score every model on ``tasks``; a task that cannot be run is skipped with one line, not an error.
 
     ``bundled-lastword`` at zero shots is scored by ``ghosted.lastword`` (the shared prefix of the
     variants runs once per batch); every other task, and the bundled one with few-shot examples,
-    goes through lm-evaluation-harness one model at a time (``HFLM`` on the in-memory model).
+    goes through lm-evaluation-harness one model at a time (``HFLM`` on the in-memory model);
+    ``ghosted_scorer=False`` sends the bundled task through lm-evaluation-harness too.
     """
     from ghosted.tasks import BUNDLED_TASKS
 
     say = say or print
-    own = [t for t in tasks if t in BUNDLED_TASKS and num_fewshot == 0]
+    own = [t for t in tasks if t in BUNDLED_TASKS and num_fewshot == 0 and ghosted_scorer]
     frames, protocols, skipped = [], {}, {}
     for task in own:
         frames.append(_bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm))

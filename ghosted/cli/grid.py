@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ghosted.cli.common import add_model_args, add_text_args, load_from_args
+from ghosted.cli.common import (add_model_args, add_protocol_args, add_task_args, add_text_args, load_from_args,
+                                task_options)
 
 
 def _list(text: str) -> list[str]:
@@ -34,6 +35,8 @@ def add_parser(sub) -> None:
     g.add_argument("--eval-tokens", type=int, default=8192,
                    help="tokens per evaluation text (capped at what its evaluation part holds)")
     g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window")
+    add_protocol_args(p)
+    add_task_args(p)
     p.add_argument("--out-dir", default="grid", help="folder for grid.csv, grid.md and grid.json")
     p.set_defaults(handler=handle)
 
@@ -47,7 +50,7 @@ def handle(args) -> int:
                      methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,
                      heldout_seqs=args.heldout_seqs, evals=_list(args.evals), eval_tokens=args.eval_tokens,
                      eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype, seed=args.seed,
-                     batch_size=args.batch_size)
+                     batch_size=args.batch_size, **task_options(args))
     result = run_grid(cfg, loaded=load_from_args(args), progress=lambda line: print(line, file=sys.stderr))
     print(result.markdown())
     for path in result.save(args.out_dir):
