@@ -123,7 +123,7 @@ def show_sinks(stored: dict) -> None:
 
 def zeroshot_form(cfg) -> dict:
     """Tasks and examples; lm-evaluation-harness task names only where hub data may be read."""
-    most = DEMO_MAX_EXAMPLES if cfg.is_restricted() else 500
+    most = DEMO_MAX_EXAMPLES if cfg.is_restricted else 500
     with st.form("zeroshot_form"):
         left, right = st.columns(2)
         bundled = left.checkbox(f"{BUNDLED_TASK} (offline: the last word of Wikipedia paragraphs)", True,
