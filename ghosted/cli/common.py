@@ -51,15 +51,15 @@ def add_task_args(p: argparse.ArgumentParser) -> None:
                         "of bundled Wikipedia paragraphs) and lm-evaluation-harness task names (e.g. arc_easy, "
                         "hellaswag; online, needs requirements-eval.txt). A task that cannot be loaded is skipped")
     g.add_argument("--task-limit", type=int, default=None, metavar="N",
-                   help="examples per task (default: all; bundled-lastword has 500)")
-    g.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="few-shot examples per task (default 0)")
+                   help="examples per task (None: all; bundled-lastword has 500)")
+    g.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="few-shot examples per task (the paper: 0)")
 
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
     """--protocol: a named perplexity protocol (ghosted.protocols)."""
     from ghosted.protocols import PROTOCOLS
 
-    p.add_argument("--protocol", default="", choices=["", *PROTOCOLS],
+    p.add_argument("--protocol", default=None, choices=list(PROTOCOLS),
                    help="perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
                         + ". Without it, --eval, --eval-tokens and --eval-seq-len apply")
 
@@ -73,7 +73,7 @@ def task_options(args) -> dict:
     if args.num_fewshot < 0:
         raise ValueError(f"--num-fewshot must be 0 or more (got {args.num_fewshot}).")
     return {"tasks": parse_tasks(args.tasks), "task_limit": args.task_limit, "num_fewshot": args.num_fewshot,
-            "protocol": getattr(args, "protocol", "")}
+            "protocol": getattr(args, "protocol", None) or ""}
 
 
 def load_from_args(args):
