@@ -175,7 +175,8 @@ def zeroshot_section(lm, stored: dict) -> None:
     st.subheader("Zero-shot accuracy")
     st.caption("What pruning costs in answers, not only in perplexity (the paper reports both).")
     form = zeroshot_form(_ui.deployment())
-    result = _ui.run_job("zeroshot", "Scoring zero-shot accuracy", lambda progress: zeroshot(lm, stored, form, progress))
+    result = _ui.run_job("zeroshot", "Scoring zero-shot accuracy",
+                         lambda progress: zeroshot(lm, stored, form, progress))
     if result:
         st.session_state[_charts.ZEROSHOT] = result
         st.rerun()

@@ -70,7 +70,8 @@ def accuracy_cost(stored: dict) -> None:
     if "dense" not in acc or "pruned" not in acc:
         return
     recovered = [v for v in acc.index if v not in ("dense", "pruned")]
-    text = f"In answers, {what}: accuracy goes from **{acc['dense']:.1f} %** (dense) to **{acc['pruned']:.1f} %** (pruned)"
+    text = (f"In answers, {what}: accuracy goes from **{acc['dense']:.1f} %** (dense) to "
+            f"**{acc['pruned']:.1f} %** (pruned)")
     text += ("; recovered: " + ", ".join(f"{v} **{acc[v]:.1f} %**" for v in recovered)) if recovered else ""
     st.markdown(text + ".")
 
