@@ -296,16 +296,19 @@ def add_task_results(report: dict, models: dict[str, nn.Module], tokenizer, task
 
 
 def task_columns(report: dict) -> tuple[str, list[str]]:
-    """(header, one cell string per result entry): accuracy % ± stderr per task, and the average."""
-    tasks = [p["task"] for p in report.get("protocol", {}).get("tasks", [])]
-    if not tasks:
+    """(header, one cell string per result entry): accuracy (and normalised accuracy where the task
+    has it) in % ± stderr per task, and the average accuracy over tasks."""
+    columns = [(p["task"], m) for p in report.get("protocol", {}).get("tasks", [])
+               for m in ("acc", "acc_norm") if m in (p.get("metrics") or ["acc"])]
+    if not columns:
         return "", [""] * len(report["results"])
     average = any("task_average" in e for e in report["results"])
-    header = "".join(f"{('acc ' + t)[:22]:>24}" for t in tasks) + (f"{'acc avg':>10}" if average else "")
+    header = "".join(f"{(m + ' ' + t)[:22]:>24}" for t, m in columns) + (f"{'acc avg':>10}" if average else "")
     cells = []
     for e in report["results"]:
         scores = e.get("tasks", {})
-        text = "".join(f"{_pct(scores.get(t, {}).get('acc'), scores.get(t, {}).get('acc_stderr')):>24}" for t in tasks)
+        text = "".join(f"{_pct(scores.get(t, {}).get(m), scores.get(t, {}).get(m + '_stderr')):>24}"
+                       for t, m in columns)
         if average:
             text += f"{_pct(e.get('task_average'), None):>10}"
         cells.append(text)

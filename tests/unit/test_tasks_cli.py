@@ -167,3 +167,17 @@ def test_grid_scores_tasks_per_setting_and_writes_them(tmp_path):
     assert (tmp_path / "grid_tasks.csv") in paths
     assert json.loads((tmp_path / "grid.json").read_text())["tasks"][0]["task"] == TASK
     assert result.meta["protocol"]["name"] == "custom"
+
+
+def test_table_shows_normalised_accuracy_and_the_average_where_tasks_have_them():
+    from ghosted.zeroshot import task_columns
+
+    report = {"protocol": {"tasks": [{"task": "hellaswag", "metrics": ["acc", "acc_norm"]},
+                                     {"task": TASK, "metrics": ["acc", "loglikelihood"]}]},
+              "results": [{"method": "dense", "task_average": 0.4,
+                           "tasks": {"hellaswag": {"acc": 0.3, "acc_stderr": 0.01, "acc_norm": 0.35,
+                                                   "acc_norm_stderr": 0.02},
+                                     TASK: {"acc": 0.5, "acc_stderr": 0.03}}}]}
+    header, (cells,) = task_columns(report)
+    assert header.split() == ["acc", "hellaswag", "acc_norm", "hellaswag", "acc", TASK, "acc", "avg"]
+    assert cells.split() == ["30.00", "±", "1.00", "35.00", "±", "2.00", "50.00", "±", "3.00", "40.00"]
