@@ -83,3 +83,16 @@ def test_no_task_chosen_is_a_clear_error(scored):
     at.button(key="zeroshot_run").click().run()
     assert any("Choose at least one task" in e for e in errors(at))
     at.checkbox(key="zeroshot_bundled").check().run()
+
+
+def test_an_lm_eval_task_offline_is_skipped_with_a_note(scored):
+    pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: pip install -r requirements-eval.txt")
+    at, _ = scored
+    open_page(at, "compare")
+    at.checkbox(key="zeroshot_bundled").uncheck()
+    at.text_input(key="zeroshot_harness").input("arc_easy")
+    at.button(key="zeroshot_run").click().run()
+    no_exception(at)
+    result = at.session_state["ghosted.zeroshot"]
+    assert result["frame"].empty and list(result["skipped"]) == ["arc_easy"]
+    assert any("skipping arc_easy" in i.value for i in at.info)
