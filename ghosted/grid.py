@@ -71,6 +71,10 @@ class GridConfig:
     seed: int = 0  # which calibration windows are drawn
     batch_size: int = 4  # windows per forward pass
     cache: bool = True  # reuse calibration statistics saved earlier, save new ones (never changes a result)
+    protocol: str = ""  # perplexity preset (ghosted.protocols) replacing evals/eval_seq_len: "paper", "bundled"
+    tasks: list[str] = field(default_factory=list)  # zero-shot tasks per method: "bundled-lastword", lm-eval names
+    task_limit: int | None = None  # examples per task (None: all)
+    num_fewshot: int = 0  # few-shot examples per task
 
     def criterion(self, selection: str) -> str:
         from ghosted.layer_influence import resolve_criterion
@@ -84,9 +88,10 @@ class GridResult:
 
     frame: pd.DataFrame
     meta: dict
+    tasks: pd.DataFrame | None = None  # zero-shot scores: selection, n, layers, model (method), task, metric, ...
 
     def markdown(self) -> str:
-        return to_markdown(self.frame, self.meta)
+        return to_markdown(self.frame, self.meta) + task_markdown(self.tasks)
 
     def save(self, out_dir: str | Path) -> list[Path]:
         """Write grid.csv (tidy rows), grid.md (tables) and grid.json (rows + meta) into ``out_dir``."""
@@ -97,7 +102,11 @@ class GridResult:
         paths[1].write_text(self.markdown() + "\n")
         rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
                 for r in self.frame.to_dict("records")]
-        paths[2].write_text(json.dumps({"meta": self.meta, "rows": rows}, indent=2, default=str))
+        tasks = [] if self.tasks is None else self.tasks.to_dict("records")
+        paths[2].write_text(json.dumps({"meta": self.meta, "rows": rows, "tasks": tasks}, indent=2, default=str))
+        if tasks:
+            paths.append(out / "grid_tasks.csv")
+            self.tasks.to_csv(paths[-1], index=False)
         return paths
 
 
@@ -132,8 +141,10 @@ def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[s
 
 
 def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fit, held,
-                     evals: dict[str, TokenWindows], cfg: GridConfig, show_tqdm: bool) -> tuple[list[dict], dict]:
-    """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation."""
+                     evals: dict[str, TokenWindows], cfg: GridConfig, show_tqdm: bool, tokenizer=None
+                     ) -> tuple[list[dict], dict, object]:
+    """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation; and the
+    zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
     started = time.perf_counter()
     rec_cfg = RecoveryConfig(calibration=CalibrationConfig(batch_size=cfg.batch_size, seed=cfg.seed))
     run = recover(model, layers, methods, fit, held, rec_cfg, show_tqdm=show_tqdm, cache=cfg.cache)
@@ -145,8 +156,19 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
         results = perplexities(models, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm)
         for name, model_ in models.items():
             rows.append(_row(source, result_entry(name, results[name], run, errors, model_)))
+    tasks = score_tasks(models, tokenizer, cfg, show_tqdm)
     timing = {"fit_seconds": round(fitted - started, 1), "eval_seconds": round(time.perf_counter() - fitted, 1)}
-    return rows, timing
+    return rows, timing, tasks
+
+
+def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, show_tqdm: bool):
+    """``cfg.tasks`` scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
+    if not cfg.tasks:
+        return None
+    from ghosted.zeroshot import evaluate_tasks
+
+    return evaluate_tasks(models, tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
+                          batch_size=cfg.batch_size, show_tqdm=show_tqdm, say=lambda line: None)
 
 
 class GridJournal:
@@ -242,18 +264,25 @@ class _GridState:
     chosen: dict = field(default_factory=dict)  # (selection, n) -> (layers, reason)
     dense: dict = field(default_factory=dict)  # eval text -> row
     cells: dict = field(default_factory=dict)  # layers tuple -> rows
+    tasks: dict = field(default_factory=dict)  # "dense" or layers tuple -> task_record(...) (None: no tasks)
 
     def result(self, complete: bool) -> GridResult:
-        rows = []
+        rows, task_rows = [], []
         for (selection, n), (layers, _) in self.chosen.items():
             setting = {"selection": selection, "criterion": self.cfg.criterion(selection), "n": n,
                        "layers": format_layers(layers)}
             cell = self.cells.get(tuple(layers))
             if cell is not None or not [m for m in self.cfg.methods if m != "dense"]:
                 rows += [{**setting, **r} for r in [*self.dense.values(), *(cell or [])]]
+                scored = (self.tasks.get("dense"), self.tasks.get(tuple(layers)))
+                task_rows += [{**r, **setting} for record in scored if record for r in record["rows"]]
         meta = {**self.meta, "complete": complete, "versions": versions(),
                 "seconds": round(time.perf_counter() - self.started, 1)}
-        return GridResult(pd.DataFrame(rows), meta)
+        records = [r for r in self.tasks.values() if r]
+        if records:
+            meta["tasks"] = {"protocols": {t: p for r in records for t, p in r["protocols"].items()},
+                             "skipped": {t: why for r in records for t, why in r["skipped"].items()}}
+        return GridResult(pd.DataFrame(rows), meta, pd.DataFrame(task_rows) if task_rows else None)
 
     def saved(self) -> None:
         """Rewrite the output files with every finished cell (complete or not)."""
@@ -268,16 +297,16 @@ def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _G
     settings = settings_digest(cfg, lm)
     calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
     fit, held = split_calibration(calib, cfg.heldout_seqs)
-    evals = {s: capped_evaluation_windows(lm.tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
-             for s in cfg.evals}
+    evals, protocol = _evaluation_texts(lm.tokenizer, cfg, say)
     state.meta = {"config": asdict(cfg), "model": lm.name, "influence_seconds": 0.0, "selections": {},
                   "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
-                  "notes": [], "settings": {}, "resumed": []}
+                  "notes": [], "settings": {}, "resumed": [], "protocol": protocol}
     state.chosen = _chosen_layers(lm.model, cfg, fit, held, journal, settings, state, say)
     state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
                                              "reason": why} for (s, n), (lay, why) in state.chosen.items()}
     if "dense" in cfg.methods:
         _dense_rows(lm.model, cfg, evals, say, show_tqdm, journal, settings, state)
+        _dense_tasks(lm, cfg, show_tqdm, journal, settings, state)
     recovery = [m for m in dict.fromkeys(cfg.methods) if m != "dense"]
     for (selection, n), (layers, _) in state.chosen.items():
         key = tuple(layers)
@@ -289,12 +318,15 @@ def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _G
         if record is not None:
             say(f"{selection} n={n}: layers {format_layers(layers)}, finished earlier (resumed)")
             state.cells[key], timing = record["rows"], record["timing"]
+            state.tasks[key] = record.get("tasks")
             state.meta["resumed"].append(format_layers(layers))
         else:
             say(f"{selection} n={n}: layers {format_layers(layers)}, {len(methods)} methods")
-            state.cells[key], timing = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg, show_tqdm)
+            state.cells[key], timing, tasks = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg,
+                                                               show_tqdm, tokenizer=lm.tokenizer)
+            state.tasks[key] = task_record(tasks)
             if journal:
-                journal.add("cell", settings, cell_key, rows=state.cells[key], timing=timing)
+                journal.add("cell", settings, cell_key, rows=state.cells[key], timing=timing, tasks=state.tasks[key])
         state.meta["settings"][format_layers(layers)] = timing
         state.meta["notes"] += [f"{selection} {n} (layers {format_layers(layers)}): {x}" for x in notes]
         state.saved()
@@ -321,6 +353,40 @@ def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJo
         if journal:
             journal.add("selection", settings, {"selection": s, "n": n}, layers=list(layers), reason=why)
     return chosen
+
+
+def _evaluation_texts(tokenizer, cfg: GridConfig, say: Progress) -> tuple[dict[str, TokenWindows], dict]:
+    """({text: windows}, the protocol as a report field): a named preset, or ``cfg.evals`` capped."""
+    from ghosted.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
+
+    if cfg.protocol:
+        protocol = resolve_protocol(cfg.protocol, "", cfg.eval_tokens, cfg.eval_seq_len)
+        evals, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=cfg.calib)
+        return evals, describe_protocol(protocol, skipped)
+    evals = {s: capped_evaluation_windows(tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
+             for s in cfg.evals}
+    custom = EvalProtocol("custom", tuple(cfg.evals), cfg.eval_seq_len, cfg.eval_tokens, "texts given with --evals")
+    return evals, describe_protocol(custom)
+
+
+def task_record(run) -> dict | None:
+    """A ``TaskRun`` as plain JSON (its frame's rows, protocols and skipped tasks), None without tasks."""
+    if run is None:
+        return None
+    return {"rows": run.frame.to_dict("records"), "protocols": run.protocols, "skipped": run.skipped}
+
+
+def _dense_tasks(lm: LoadedModel, cfg: GridConfig, show_tqdm: bool, journal: GridJournal | None, settings: str,
+                 state: _GridState) -> None:
+    """The dense model's zero-shot scores, once for the whole grid (or resumed)."""
+    if not cfg.tasks:
+        return
+    record = journal.find("dense-tasks", settings, {"tasks": cfg.tasks}) if journal else None
+    if record is None:
+        record = {"tasks": task_record(score_tasks({"dense": lm.model}, lm.tokenizer, cfg, show_tqdm))}
+        if journal:
+            journal.add("dense-tasks", settings, {"tasks": cfg.tasks}, tasks=record["tasks"])
+    state.tasks["dense"] = record["tasks"]
 
 
 def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, show_tqdm: bool,
@@ -367,6 +433,32 @@ def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
             parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")
         parts.append("")
     return "\n".join(parts).rstrip()
+
+
+def task_markdown(tasks: pd.DataFrame | None) -> str:
+    """One accuracy table per task (% ± stderr), rows = selection x n, columns = methods; and the
+    average over tasks when there are several (the paper's AVG). Empty without tasks."""
+    if tasks is None or tasks.empty:
+        return ""
+    acc = tasks[tasks.metric == "acc"]
+    names = list(dict.fromkeys(acc.task))
+    parts = [""]
+    for task in [*names, "average"] if len(names) > 1 else names:
+        sub = acc[acc.task == task] if task != "average" else \
+            acc.groupby(["selection", "n", "layers", "model"], sort=False, as_index=False).value.mean()
+        methods = list(dict.fromkeys(sub.model))
+        what = f"Zero-shot accuracy on {task}" if task != "average" else "Zero-shot accuracy, average over tasks"
+        parts += [f"\n**{what}** (%, higher is better)\n", "| selection | n | layers | " + " | ".join(methods) + " |",
+                  "|---|---|---|" + "---|" * len(methods)]
+        for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
+            cells = {r.model: _acc_cell(r.value, getattr(r, "stderr", None)) for r in group.itertuples()}
+            parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells.get(m, "n/a") for m in methods) + " |")
+    return "\n".join(parts)
+
+
+def _acc_cell(value: float, stderr: float | None) -> str:
+    err = "" if stderr is None or math.isnan(stderr) else f" ± {100 * stderr:.1f}"
+    return f"{100 * value:.1f}{err}"
 
 
 def _cell(value: float | None, bold: bool) -> str:

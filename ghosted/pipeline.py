@@ -17,10 +17,12 @@ from ghosted import __version__, validate
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
 from ghosted.loading import LoadedModel, load_model
+from ghosted.protocols import describe_protocol, protocol_windows, resolve_protocol
 from ghosted.pruning import format_layers, parse_layers
 from ghosted.recover import RecoveryConfig, RecoveryRun, recover
 from ghosted.shared_eval import perplexities
-from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
+from ghosted.text import TokenWindows, calibration_windows
+from ghosted.zeroshot import add_task_results, task_columns, task_protocol_lines
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -51,6 +53,10 @@ class RunConfig:
     solver: str = "solve"  # "solve" or "pinv"
     batch_size: int = 4  # windows per forward pass
     cache: bool = True  # reuse calibration statistics saved by an earlier run, save new ones (--no-cache)
+    protocol: str = ""  # perplexity preset (ghosted.protocols): "paper", "bundled", or "" for eval/eval_seq_len
+    tasks: list[str] = field(default_factory=list)  # zero-shot tasks: "bundled-lastword", lm-eval task names
+    task_limit: int | None = None  # examples per task (None: all)
+    num_fewshot: int = 0  # few-shot examples per task (the paper: zero-shot)
 
     def recovery_config(self) -> RecoveryConfig:
         return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode,
@@ -109,6 +115,7 @@ class _RunState:
     selection: dict | None = None
     eval_protocol: dict = field(default_factory=dict)
     calib_protocol: dict | None = None
+    protocol_fields: dict = field(default_factory=dict)  # the perplexity protocol and each text's windows
     run: RecoveryRun | None = None  # every method fitted (set once all are)
     entries: list[dict] = field(default_factory=list)  # evaluated models (set once all are)
 
@@ -122,7 +129,8 @@ class _RunState:
             "dropped_spec": format_layers(self.dropped), "layers": num_layers(self.lm.model),
             "selection": self.selection, "config": asdict(self.cfg),
             "protocol": {"evaluation": (entries[0]["protocol"] if entries and entries[0]["protocol"]
-                                        else self.eval_protocol), "calibration": self.calib_protocol},
+                                        else self.eval_protocol),
+                         "calibration": self.calib_protocol, **self.protocol_fields},
             "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
             "complete": stopped is None,
             "versions": versions(), "seconds": round(time.perf_counter() - self.started, 2),
@@ -164,9 +172,11 @@ def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple
     dropped, selection = _layers_to_drop(cfg, lm)
     state.dropped, state.selection = dropped, selection
     methods = list(dict.fromkeys(cfg.methods))
-    eval_windows = evaluation_windows(lm.tokenizer, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len,
-                                      calibration_source=cfg.calib)  # a separate source is read whole
-    state.eval_protocol = {**eval_windows.protocol, "dtype": lm.dtype, "device": lm.device}
+    protocol = resolve_protocol(cfg.protocol, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
+    eval_sets, skipped_sources = protocol_windows(lm.tokenizer, protocol, calibration_source=cfg.calib)
+    first = next(iter(eval_sets.values()))  # a separate source is read whole
+    state.eval_protocol = {**first.protocol, "dtype": lm.dtype, "device": lm.device}
+    state.protocol_fields = {"perplexity": describe_protocol(protocol, skipped_sources)}
     run = None
     recovery_methods = [m for m in methods if m != "dense"]
     if recovery_methods:
@@ -184,11 +194,21 @@ def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
     errors = run.errors() if run else None
     step = (lambda done, total: progress("perplexity", done, total)) if progress else None
-    results = perplexities(models, eval_windows, batch_size=cfg.batch_size, progress=step,
-                           show_tqdm=show_tqdm)  # leading layers shared by all variants run once
-    state.entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
-    state.stage = "report"
-    return state.report(), run
+    by_source = {source: perplexities(models, windows, batch_size=cfg.batch_size, progress=step,
+                                      show_tqdm=show_tqdm)  # leading layers shared by all variants run once
+                 for source, windows in eval_sets.items()}
+    results = next(iter(by_source.values()))
+    entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
+    for entry in entries if len(by_source) > 1 else []:  # the paper protocol: one perplexity per text
+        entry["ppl_by_source"] = {source: res[entry["method"]].ppl for source, res in by_source.items()}
+    state.protocol_fields["evaluations"] = {s: next(iter(r.values())).protocol for s, r in by_source.items()}
+    state.entries = entries
+    state.stage = "zero-shot tasks"
+    report = state.report()
+    add_task_results(report, models, lm.tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
+                     progress=progress, show_tqdm=show_tqdm)
+    report["seconds"] = round(time.perf_counter() - state.started, 2)
+    return report, run
 
 
 def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | None]:
@@ -242,13 +262,21 @@ def result_entry(name: str, res, run: RecoveryRun | None, errors, model) -> dict
 
 def format_table(report: dict) -> str:
     """A plain-text table of the report's results, with the protocol underneath."""
-    head = f"{'method':<20}{'ppl':>12}{'held-out err':>14}{'calib s':>10}{'solve s':>10}{'params':>14}"
+    sources = list(report["results"][0].get("ppl_by_source", {})) if report["results"] else []
+    ppl_head = "".join(f"{'ppl ' + s[:10]:>16}" for s in sources) if sources else f"{'ppl':>12}"
+    task_head, task_cells = task_columns(report)
+    head = f"{'method':<20}{ppl_head}{'held-out err':>14}{'calib s':>10}{'solve s':>10}{'params':>14}{task_head}"
     lines = [head, "-" * len(head)]
-    for e in report["results"]:
+    for e, tasks in zip(report["results"], task_cells):
         err = e.get("heldout_boundary_error")
-        ppl = "not run" if e["ppl"] is None else f"{e['ppl']:.3f}"
-        lines.append(f"{e['method']:<20}{ppl:>12}{'' if err is None else f'{err:.4f}':>14}"
-                     f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}")
+        if e["ppl"] is None:
+            ppl = f"{'not run':>12}"
+        elif sources:
+            ppl = "".join(f"{v:>16.3f}" for v in e["ppl_by_source"].values())
+        else:
+            ppl = f"{e['ppl']:>12.3f}"
+        lines.append(f"{e['method']:<20}{ppl}{'' if err is None else f'{err:.4f}':>14}"
+                     f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}{tasks}")
     ev = report["protocol"]["evaluation"] or {}
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
     if report.get("selection"):
@@ -256,9 +284,14 @@ def format_table(report: dict) -> str:
     for e in report["results"]:  # ghost-auto: what it chose per gap ("none" = no operator) and why
         if e.get("chosen"):
             lines.append(f"{e['method']} chose {e['chosen']} (held-out NLL {e.get('auto_heldout_nll', '?')})")
-    lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
-                 f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
-                 f"{ev.get('dtype')} on {ev.get('device')}")
+    preset = report["protocol"].get("perplexity", {})
+    lines.append(f"protocol: {preset.get('name', 'custom')} ({preset.get('note', '')})")
+    for ev in report["protocol"].get("evaluations", {"": ev}).values():
+        lines.append(f"evaluation: {ev.get('source')} ({ev.get('part')}), {ev.get('scored_tokens')} tokens scored in "
+                     f"{ev.get('n_windows')} windows of {ev.get('seq_len')}, BOS {ev.get('bos')}, "
+                     f"{ev.get('dtype')} on {ev.get('device')}")
+    lines += [f"protocol {preset['name']}: skipped {s}: {why}" for s, why in preset.get("skipped", {}).items()]
+    lines += task_protocol_lines(report)
     cal = report["protocol"]["calibration"]
     if cal:
         lines.append(f"calibration: {cal.get('source')} ({cal.get('part')}), {cal.get('n_windows')} x "

@@ -99,13 +99,18 @@ def zero_shot(models: dict[str, nn.Module], tokenizer, config: ZeroShotConfig | 
     for name, model in models.items() if tasks else []:
         if progress:
             progress(f"zero-shot: {name} on {', '.join(tasks)}")
-        wrapped = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=cfg.batch_size)
-        out = lm_eval.simple_evaluate(
-            model=wrapped, tasks=tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit, task_manager=manager,
-            log_samples=False, bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.seed,
-            numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
+        out = _simple_evaluate(lm_eval, HFLM, model, tokenizer, tasks, manager, cfg)
         rows += _rows(name, out["results"], tasks, cfg.metric)
     return ZeroShotResult(pd.DataFrame(rows, columns=["model", "task", "metric", "value", "stderr"]), skipped)
+
+
+def _simple_evaluate(lm_eval, HFLM, model, tokenizer, tasks: list[str], manager, cfg: ZeroShotConfig) -> dict:
+    """lm-eval's ``simple_evaluate`` on one in-memory model (wrapped, not saved), seeded by ``cfg``."""
+    wrapped = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=cfg.batch_size)
+    return lm_eval.simple_evaluate(
+        model=wrapped, tasks=tasks, num_fewshot=cfg.num_fewshot, limit=cfg.limit, task_manager=manager,
+        log_samples=False, bootstrap_iters=cfg.bootstrap_iters, random_seed=cfg.seed,
+        numpy_random_seed=cfg.seed, torch_random_seed=cfg.seed, fewshot_random_seed=cfg.seed)
 
 
 def _rows(model: str, results: dict, tasks: list[str], metric: str) -> list[dict]:
@@ -120,3 +125,205 @@ def _rows(model: str, results: dict, tasks: list[str], metric: str) -> list[dict
         rows.append({"model": model, "task": task, "metric": metric, "value": float(scores[metric]),
                      "stderr": float(err) if isinstance(err, (int, float)) else math.nan})
     return rows
+
+
+# --- Tasks from the CLI and the app: bundled tasks (Ghosted's scorer) and lm-eval tasks side by side ---
+
+TaskProgress = Callable[[str, int, int], None]  # (stage, done, total)
+METRICS = ("acc", "acc_norm", "loglikelihood")  # reported where a task has them, each with its stderr
+FRAME_COLUMNS = ["model", "task", "metric", "value", "stderr"]
+
+
+@dataclass
+class TaskRun:
+    """Task scores of several models: tidy frame, one protocol per task, tasks skipped and why."""
+
+    frame: pd.DataFrame  # columns: model, task, metric ("acc", "acc_norm", "loglikelihood"), value, stderr
+    protocols: dict[str, dict]  # task -> task, version, examples, num_fewshot, metric(s), scorer
+    skipped: dict[str, str]  # task -> why it was not scored
+
+    @property
+    def tasks(self) -> list[str]:
+        return list(dict.fromkeys(self.frame.task))
+
+    def accuracy(self) -> pd.DataFrame:
+        """Rows model x task with acc and its stderr (fractions), in the order scored."""
+        return self.frame[self.frame.metric == "acc"].reset_index(drop=True)
+
+    def average(self) -> pd.Series:
+        """Mean accuracy over tasks per model (the paper's "AVG"), as a fraction."""
+        return self.accuracy().groupby("model", sort=False)["value"].mean()
+
+    def metrics_of(self, model: str) -> dict[str, dict[str, float]]:
+        """{task: {metric: value, metric_stderr: stderr}} of one model, for a JSON report entry."""
+        out: dict[str, dict[str, float]] = {}
+        for row in self.frame[self.frame.model == model].itertuples():
+            out.setdefault(row.task, {})[row.metric] = row.value
+            out[row.task][f"{row.metric}_stderr"] = row.stderr
+        return out
+
+
+def parse_tasks(text: str | list[str] | None) -> list[str]:
+    """"bundled-lastword, arc_easy" -> ["bundled-lastword", "arc_easy"] (order kept, duplicates dropped)."""
+    items = text.split(",") if isinstance(text, str) else (text or [])
+    return list(dict.fromkeys(t.strip() for t in items if t and t.strip()))
+
+
+def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], limit: int | None = None,
+                   num_fewshot: int = 0, batch_size: int = 8, progress: TaskProgress | None = None,
+                   show_tqdm: bool = True, say: Progress | None = None, ghosted_scorer: bool = True) -> TaskRun:
+    """Score every model on ``tasks``; a task that cannot be run is skipped with one line, not an error.
+
+    ``bundled-lastword`` at zero shots is scored by ``ghosted.lastword`` (the shared prefix of the
+    variants runs once per batch); every other task, and the bundled one with few-shot examples,
+    goes through lm-evaluation-harness one model at a time (``HFLM`` on the in-memory model);
+    ``ghosted_scorer=False`` sends the bundled task through lm-evaluation-harness too.
+    """
+    from ghosted.tasks import BUNDLED_TASKS
+
+    say = say or print
+    own = [t for t in tasks if t in BUNDLED_TASKS and num_fewshot == 0 and ghosted_scorer]
+    frames, protocols, skipped = [], {}, {}
+    for task in own:
+        frames.append(_bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm))
+        protocols[task] = _lastword_protocol(limit)
+    others = [t for t in tasks if t not in own]
+    if others:
+        frame, more, why = _harness_rows(models, tokenizer, others, limit, num_fewshot, batch_size, progress)
+        frames.append(frame)
+        protocols.update(more)
+        skipped.update(why)
+    for task, reason in skipped.items():
+        say(f"zero-shot: skipping {task}: {reason}")
+    frame = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else \
+        pd.DataFrame(columns=FRAME_COLUMNS)
+    return TaskRun(frame, protocols, skipped)
+
+
+def _lastword_protocol(limit: int | None) -> dict:
+    from ghosted.lastword import protocol
+
+    return protocol(limit)
+
+
+def _bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm) -> pd.DataFrame:
+    """``bundled-lastword`` through Ghosted's shared-prefix scorer, as frame rows."""
+    from ghosted.lastword import TASK, score_lastword
+
+    step = (lambda done, total: progress(TASK, done, total)) if progress else None
+    scores = score_lastword(models, tokenizer, limit=limit, batch_size=batch_size, progress=step,
+                            show_tqdm=show_tqdm)
+    rows = [{"model": name, "task": TASK, "metric": metric, "value": s.as_metrics()[metric],
+             "stderr": s.as_metrics()[f"{metric}_stderr"]}
+            for name, s in scores.items() for metric in ("acc", "loglikelihood")]
+    return pd.DataFrame(rows, columns=FRAME_COLUMNS)
+
+
+def _harness_rows(models, tokenizer, tasks, limit, num_fewshot, batch_size, progress
+                  ) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
+    """lm-eval tasks, one model at a time: (rows, protocols, {task: why skipped})."""
+    from ghosted.tasks import BUNDLED_TASKS, TASKS_DIR
+
+    try:
+        lm_eval, HFLM, TaskManager = _lm_eval()
+    except ZeroShotUnavailable as err:
+        return pd.DataFrame(columns=FRAME_COLUMNS), {}, {t: str(err) for t in tasks}
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    manager = TaskManager(include_path=str(TASKS_DIR), include_defaults=any(t not in BUNDLED_TASKS for t in tasks))
+    ok, skipped = loadable_tasks(tasks, manager)
+    cfg = ZeroShotConfig(tasks=ok, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit)
+    rows, protocols = [], {}
+    for i, (name, model) in enumerate(models.items() if ok else []):
+        if progress:
+            progress(f"lm-eval {', '.join(ok)}", i, len(models))
+        out = _simple_evaluate(lm_eval, HFLM, model, tokenizer, ok, manager, cfg)
+        rows += _harness_metrics(name, out["results"], ok)
+        protocols = {t: _harness_protocol(t, out, num_fewshot) for t in ok}
+    if progress and ok:
+        progress(f"lm-eval {', '.join(ok)}", len(models), len(models))
+    return pd.DataFrame(rows, columns=FRAME_COLUMNS), protocols, skipped
+
+
+def _harness_metrics(model: str, results: dict, tasks: list[str]) -> list[dict]:
+    """Rows for acc, acc_norm and loglikelihood (filter "none"), where the task reports them."""
+    rows = []
+    for task in tasks:
+        scores = results.get(task, {})
+        for metric in METRICS:
+            if f"{metric},none" in scores:
+                err = scores.get(f"{metric}_stderr,none")
+                rows.append({"model": model, "task": task, "metric": metric, "value": float(scores[f"{metric},none"]),
+                             "stderr": float(err) if isinstance(err, (int, float)) else math.nan})
+    return rows
+
+
+def _harness_protocol(task: str, out: dict, num_fewshot: int) -> dict:
+    """Task, version, examples scored, few-shot count and metrics, from lm-eval's output."""
+    scores = out["results"].get(task, {})
+    return {"task": task, "version": out.get("versions", {}).get(task),
+            "examples": out.get("n-samples", {}).get(task, {}).get("effective"),
+            "num_fewshot": out.get("n-shot", {}).get(task, num_fewshot), "metric": "acc",
+            "metrics": [m for m in METRICS if f"{m},none" in scores],
+            "scorer": f"lm-evaluation-harness {_harness_version()}"}
+
+
+def _harness_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lm_eval")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
+def add_task_results(report: dict, models: dict[str, nn.Module], tokenizer, tasks: list[str],
+                     limit: int | None = None, num_fewshot: int = 0, batch_size: int = 8,
+                     progress: TaskProgress | None = None, show_tqdm: bool = True) -> TaskRun | None:
+    """Score ``tasks`` and put them in a run report: per entry ``tasks`` (+ ``task_average``), the
+    protocols under ``protocol.tasks`` and the skipped tasks under ``tasks_skipped``."""
+    if not tasks:
+        return None
+    run = evaluate_tasks(models, tokenizer, tasks, limit, num_fewshot, batch_size, progress, show_tqdm,
+                         say=lambda line: None)  # listed under the printed table instead
+    average = run.average()
+    for entry in report["results"]:
+        entry["tasks"] = run.metrics_of(entry["method"])
+        if len(run.tasks) > 1 and entry["method"] in average:
+            entry["task_average"] = float(average[entry["method"]])
+    report["protocol"]["tasks"] = list(run.protocols.values())
+    report["tasks_skipped"] = run.skipped
+    return run
+
+
+def task_columns(report: dict) -> tuple[str, list[str]]:
+    """(header, one cell string per result entry): accuracy (and normalised accuracy where the task
+    has it) in % ± stderr per task, and the average accuracy over tasks."""
+    columns = [(p["task"], m) for p in report.get("protocol", {}).get("tasks", [])
+               for m in ("acc", "acc_norm") if m in (p.get("metrics") or ["acc"])]
+    if not columns:
+        return "", [""] * len(report["results"])
+    average = any("task_average" in e for e in report["results"])
+    header = "".join(f"{(m + ' ' + t)[:22]:>24}" for t, m in columns) + (f"{'acc avg':>10}" if average else "")
+    cells = []
+    for e in report["results"]:
+        scores = e.get("tasks", {})
+        text = "".join(f"{_pct(scores.get(t, {}).get(m), scores.get(t, {}).get(m + '_stderr')):>24}"
+                       for t, m in columns)
+        if average:
+            text += f"{_pct(e.get('task_average'), None):>10}"
+        cells.append(text)
+    return header, cells
+
+
+def task_protocol_lines(report: dict) -> list[str]:
+    """One line per task scored and per task skipped, for the printed report."""
+    lines = [f"zero-shot: {p['task']} v{p.get('version')}, {p.get('examples')} examples, {p.get('num_fewshot')}-shot, "
+             f"{'/'.join(p.get('metrics') or [p.get('metric')])} (% ± stderr), scored by {p.get('scorer')}"
+             for p in report.get("protocol", {}).get("tasks", [])]
+    return lines + [f"zero-shot: skipped {t}: {why}" for t, why in report.get("tasks_skipped", {}).items()]
+
+
+def _pct(value: float | None, stderr: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"{100 * value:.2f}" + ("" if stderr is None or math.isnan(stderr) else f" ± {100 * stderr:.2f}")

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from ghosted.recover import METHODS
 
 PRUNED = "pruned"
+ZEROSHOT = "ghosted.zeroshot"  # session key: zero-shot scores of a run (the Compare page writes, Learn reads)
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, legend=dict(orientation="h", y=-0.2))
 
@@ -55,6 +56,45 @@ def perplexity_bars(table: pd.DataFrame) -> go.Figure:
                            marker_color=[_color(v) for v in table.variant]))
     fig.update_layout(title="Perplexity (lower is better)", yaxis_type="log", yaxis_title="perplexity",
                       **LAYOUT)
+    return fig
+
+
+def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Accuracy per variant (rows) and task (columns), in %, plus "average" over tasks when there are several.
+
+    ``frame`` is a ``ghosted.zeroshot.TaskRun.frame``: model, task, metric, value, stderr (fractions).
+    """
+    acc = frame[frame.metric == "acc"]
+    table = acc.pivot_table(index="model", columns="task", values="value", sort=False) * 100
+    table = table.reindex(index=list(dict.fromkeys(acc.model)), columns=list(dict.fromkeys(acc.task)))
+    if table.shape[1] > 1:
+        table["average"] = table.mean(axis=1)
+    return table.round(2).rename_axis(index="variant", columns=None).reset_index()
+
+
+def zeroshot_of(state, run_stored: dict) -> dict | None:
+    """The zero-shot scores in ``state`` (the session state), if they were made for this very run
+    (the stored run already belongs to the current model)."""
+    scored = state.get(ZEROSHOT)
+    return scored if scored and scored["run_id"] == id(run_stored["run"]) else None
+
+
+def accuracy_bars(frame: pd.DataFrame) -> go.Figure:
+    """Accuracy of each variant, one group of bars per task (and the average), stderr as error bars."""
+    acc = frame[frame.metric == "acc"]
+    fig = go.Figure()
+    tasks = list(dict.fromkeys(acc.task))
+    for task in tasks:
+        rows = acc[acc.task == task]
+        fig.add_trace(go.Bar(x=rows.model.tolist(), y=(100 * rows.value).tolist(), name=task,
+                             error_y=dict(type="data", array=(100 * rows.stderr.fillna(0)).tolist(), visible=True),
+                             hovertemplate="%{x}: %{y:.1f} %<extra>" + task + "</extra>"))
+    if len(tasks) > 1:
+        mean = acc.groupby("model", sort=False).value.mean()
+        fig.add_trace(go.Bar(x=list(mean.index), y=(100 * mean).tolist(), name="average",
+                             marker_color="#444", hovertemplate="%{x}: %{y:.1f} %<extra>average</extra>"))
+    fig.update_layout(title="Zero-shot accuracy (higher is better; bars: ± 1 standard error)", barmode="group",
+                      yaxis_title="accuracy (%)", yaxis_range=[0, 100], **LAYOUT)
     return fig
 
 

@@ -7,9 +7,12 @@ from ghosted.arch import describe
 from ghosted.evaluation import forward_latency, perplexity
 from ghosted.generation import GenerationConfig, generate
 from ghosted.text import evaluation_windows
+from ghosted.zeroshot import evaluate_tasks, parse_tasks
 from pages import _charts, _text, _ui
 
 LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
+BUNDLED_TASK = "bundled-lastword"  # the offline task (ghosted.lastword)
+DEMO_MAX_EXAMPLES = 100  # examples per task in a restricted (public demo) deployment
 PROMPTS = "The capital of France is\nIn 1905, Albert Einstein"
 
 
@@ -118,6 +121,70 @@ def show_sinks(stored: dict) -> None:
             st.plotly_chart(_charts.position_share_bars(positions, boundary), key="sink_positions")
 
 
+def zeroshot_form(cfg) -> dict:
+    """Tasks and examples; lm-evaluation-harness task names only where hub data may be read."""
+    most = DEMO_MAX_EXAMPLES if cfg.is_restricted else 500
+    with st.form("zeroshot_form"):
+        left, right = st.columns(2)
+        bundled = left.checkbox(f"{BUNDLED_TASK} (offline: the last word of Wikipedia paragraphs)", True,
+                                key="zeroshot_bundled")
+        limit = right.number_input("Examples per task", 1, most, min(100, most), step=50, key="zeroshot_limit")
+        harness = st.text_input("lm-evaluation-harness tasks (online), comma list", "", key="zeroshot_harness",
+                                placeholder="arc_easy, hellaswag, piqa", disabled=not cfg.allow_hub_datasets,
+                                help="Task names of lm-evaluation-harness; their data comes from the Hugging Face "
+                                     "hub, so offline they are skipped with a note.")
+        st.form_submit_button("Score zero-shot accuracy", key="zeroshot_run", disabled=_ui.busy(),
+                              on_click=_ui.start_job, args=("zeroshot",))
+    tasks = ([BUNDLED_TASK] if bundled else []) + (parse_tasks(harness) if cfg.allow_hub_datasets else [])
+    return {"tasks": tasks, "limit": int(limit)}
+
+
+def zeroshot(lm, stored: dict, form: dict, progress) -> dict:
+    """Accuracy of every variant on the chosen tasks (bundled-lastword shares the variants' prefix)."""
+    if not form["tasks"]:
+        raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
+    notes: list[str] = []
+    run = evaluate_tasks(variants(lm, stored), lm.tokenizer, form["tasks"], limit=form["limit"],
+                         batch_size=stored["config"].batch_size, progress=progress, show_tqdm=False,
+                         say=notes.append)
+    return {"model": stored["model"], "run_id": id(stored["run"]), "frame": run.frame,
+            "protocols": run.protocols, "skipped": run.skipped, "notes": notes}
+
+
+def show_zeroshot(scored: dict) -> None:
+    """Accuracy bars with error bars, the table (average over tasks when several), the protocol."""
+    for note in scored["notes"]:
+        st.info(note, icon=":material/cloud_off:")
+    frame = scored["frame"]
+    if frame.empty:
+        return
+    chart, side = st.columns([3, 2])
+    chart.plotly_chart(_charts.accuracy_bars(frame), key="zeroshot_chart")
+    side.dataframe(_charts.accuracy_table(frame), hide_index=True)
+    side.markdown("**Protocol**  \n" + "  \n".join(
+        f"{p['task']} v{p.get('version')}: {p.get('examples')} examples, {p.get('num_fewshot')}-shot, "
+        f"{'/'.join(p.get('metrics') or [p.get('metric')])}, scored by {p.get('scorer')}"
+        for p in scored["protocols"].values()))
+    if BUNDLED_TASK in scored["protocols"]:
+        side.caption(f"{BUNDLED_TASK}: {scored['protocols'][BUNDLED_TASK].get('selection')}; an answer counts "
+                     "when every token of the last word is the model's top choice.")
+
+
+def zeroshot_section(lm, stored: dict) -> None:
+    """The zero-shot section: form, job, results."""
+    st.subheader("Zero-shot accuracy")
+    st.caption("What pruning costs in answers, not only in perplexity (the paper reports both).")
+    form = zeroshot_form(_ui.deployment())
+    result = _ui.run_job("zeroshot", "Scoring zero-shot accuracy",
+                         lambda progress: zeroshot(lm, stored, form, progress))
+    if result:
+        st.session_state[_charts.ZEROSHOT] = result
+        st.rerun()
+    scored = _charts.zeroshot_of(st.session_state, stored)
+    if scored:
+        show_zeroshot(scored)
+
+
 @st.fragment
 def generations(lm, stored: dict) -> None:
     """Sample continuations side by side; reruns alone, the rest of the page stays as it is."""
@@ -168,6 +235,7 @@ if evaluated:
                  hide_index=True)
     st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
                "on this machine now.")
+zeroshot_section(lm, stored)
 show_boundary(stored)
 show_sinks(stored)
 generations(lm, stored)

@@ -47,12 +47,33 @@ def step_pruning(lm, stored: dict, evaluated: dict | None) -> None:
                     f"**{ppl['pruned']:.2f}** (pruned) on your evaluation text.")
     else:
         st.caption("Evaluate perplexity on the Compare page to see what this costs in perplexity.")
+    accuracy_cost(stored)
     delta = spectra[(spectra.boundary == boundary) & (spectra.method == "pruned")].singular_value
     energy = (delta**2).cumsum() / (delta**2).sum()
     top = int((energy < 0.9).sum()) + 1
     spread = "spread over many directions" if top > len(delta) // 10 else "concentrated in a few directions"
     st.markdown(f"On your tokens Δ is {spread}: **{top}** of its {len(delta)} directions carry 90 % of "
                 "‖Δ‖² (the grey curve in step 3).")
+
+
+def accuracy_cost(stored: dict) -> None:
+    """What pruning (and each recovery) costs in zero-shot answers, from the user's own scores."""
+    scored = _charts.zeroshot_of(st.session_state, stored)
+    if not scored or scored["frame"].empty:
+        st.caption("Score zero-shot accuracy on the Compare page (bundled-lastword works offline) to see what "
+                   "this costs in answers, not only in perplexity.")
+        return
+    table = _charts.accuracy_table(scored["frame"]).set_index("variant")
+    column = "average" if "average" in table else table.columns[0]
+    what = "averaged over your tasks" if column == "average" else f"on {column}"
+    acc = table[column]
+    if "dense" not in acc or "pruned" not in acc:
+        return
+    recovered = [v for v in acc.index if v not in ("dense", "pruned")]
+    text = (f"In answers, {what}: accuracy goes from **{acc['dense']:.1f} %** (dense) to "
+            f"**{acc['pruned']:.1f} %** (pruned)")
+    text += ("; recovered: " + ", ".join(f"{v} **{acc[v]:.1f} %**" for v in recovered)) if recovered else ""
+    st.markdown(text + ".")
 
 
 def step_least_squares(stored: dict) -> None:

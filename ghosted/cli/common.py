@@ -60,6 +60,39 @@ def facts_from_args(args):
     return model_facts(args.model, trust_remote_code=args.trust_remote_code)
 
 
+def add_task_args(p: argparse.ArgumentParser) -> None:
+    """--tasks, --task-limit, --num-fewshot: zero-shot accuracy next to perplexity."""
+    g = p.add_argument_group("zero-shot tasks")
+    g.add_argument("--tasks", default="",
+                   help="comma list of tasks scored for every method: bundled-lastword (offline, the last word "
+                        "of bundled Wikipedia paragraphs) and lm-evaluation-harness task names (e.g. arc_easy, "
+                        "hellaswag; online, needs requirements-eval.txt). A task that cannot be loaded is skipped")
+    g.add_argument("--task-limit", type=int, default=None, metavar="N",
+                   help="examples per task (None: all; bundled-lastword has 500)")
+    g.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="few-shot examples per task (the paper: 0)")
+
+
+def add_protocol_args(p: argparse.ArgumentParser) -> None:
+    """--protocol: a named perplexity protocol (ghosted.protocols)."""
+    from ghosted.protocols import PROTOCOLS
+
+    p.add_argument("--protocol", default=None, choices=list(PROTOCOLS),
+                   help="perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
+                        + ". Without it, --eval, --eval-tokens and --eval-seq-len apply")
+
+
+def task_options(args) -> dict:
+    """The task and protocol flags as RunConfig / GridConfig fields."""
+    from ghosted.zeroshot import parse_tasks
+
+    if args.task_limit is not None and args.task_limit < 1:
+        raise ValueError(f"--task-limit must be at least 1 (got {args.task_limit}); leave it out for every example.")
+    if args.num_fewshot < 0:
+        raise ValueError(f"--num-fewshot must be 0 or more (got {args.num_fewshot}).")
+    return {"tasks": parse_tasks(args.tasks), "task_limit": args.task_limit, "num_fewshot": args.num_fewshot,
+            "protocol": getattr(args, "protocol", None) or ""}
+
+
 def load_from_args(args):
     from ghosted.loading import load_model
 

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from ghosted.cli.common import (
-    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args)
+    add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
+    task_options)
 
 
 def _list(text: str) -> list[str]:
@@ -35,6 +36,8 @@ def add_parser(sub) -> None:
     g.add_argument("--eval-tokens", type=int, default=8192,
                    help="tokens per evaluation text (capped at what its evaluation part holds)")
     g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window")
+    add_protocol_args(p)
+    add_task_args(p)
     p.add_argument("--out-dir", default="grid",
                    help="folder for grid.csv, grid.md and grid.json, rewritten as each cell finishes, and "
                         "grid.jsonl, the journal of finished cells")
@@ -56,7 +59,8 @@ def handle(args) -> int:
                      methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,
                      heldout_seqs=args.heldout_seqs, evals=_list(args.evals), eval_tokens=args.eval_tokens,
                      eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype, seed=args.seed,
-                     batch_size=args.batch_size, cache=not args.no_cache)
+                     batch_size=args.batch_size, cache=not args.no_cache,
+                     **task_options(args))
     check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
     check_grid(cfg)  # every setting, before the model is loaded
     if args.dry_run:

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from ghosted.cli.common import (
-    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args, write_json)
+    add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
+    task_options, write_json)
 from ghosted.recover import METHODS
 
 
@@ -39,6 +40,8 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
+    add_protocol_args(p)
+    add_task_args(p)
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
                                                  "with \"complete\": false, when the run is stopped)")
     p.add_argument("--no-cache", action="store_true",
@@ -58,7 +61,8 @@ def handle(args) -> int:
                     seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache)
+                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache,
+                    **task_options(args))
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(cfg)  # every setting, before the model is loaded
     if args.dry_run:
