@@ -250,7 +250,7 @@ def check_run(cfg) -> None:
     from ghosted.layer_influence import resolve_criterion
 
     check_calibration(cfg)
-    check_eval_size(cfg.eval_tokens, cfg.eval_seq_len)
+    check_eval_size(cfg.eval_tokens, eval_window(cfg))
     check_source(cfg.eval, "evaluation")
     check_eps(cfg.eps)
     methods = check_methods(cfg.methods)
@@ -276,8 +276,16 @@ def check_run_model(cfg, facts: ModelFacts) -> list[int]:
         check_n(cfg.n, facts.layers)
     elif facts.layers is not None:
         drop = check_drop(cfg.drop, facts.layers)
-    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=cfg.eval_seq_len)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=eval_window(cfg))
     return drop
+
+
+def eval_window(cfg) -> int:
+    """The perplexity window a run or grid will use: its protocol preset's, else ``eval_seq_len``."""
+    from ghosted.protocols import PROTOCOLS
+
+    preset = PROTOCOLS.get(getattr(cfg, "protocol", "") or "")
+    return preset.seq_len if preset else cfg.eval_seq_len
 
 
 def check_grid(cfg) -> None:
@@ -285,7 +293,7 @@ def check_grid(cfg) -> None:
     from ghosted.layer_influence import resolve_criterion
 
     check_calibration(cfg)
-    check_eval_size(cfg.eval_tokens, cfg.eval_seq_len)
+    check_eval_size(cfg.eval_tokens, eval_window(cfg))
     if not cfg.selections:
         raise ValueError("Give at least one selection criterion (--selections).")
     for name in cfg.selections:
@@ -305,7 +313,7 @@ def check_grid_model(cfg, facts: ModelFacts) -> None:
     """Model checks of a ``GridConfig``: every n removes fewer than all layers; windows within positions."""
     for n in cfg.n_values:
         check_n(n, facts.layers)
-    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=cfg.eval_seq_len)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=eval_window(cfg))
 
 
 def check_export(args) -> None:
@@ -377,13 +385,28 @@ def plan_run(cfg, facts: ModelFacts) -> str:
     passes = (calib_batches if fitted else 0) * (1 + bool(cfg.select)) + eval_batches * len(methods)
     lines = [_facts_line(cfg.model, facts), f"layers to drop: {layers}",
              _calibration_line(cfg) if fitted or cfg.select else "calibration: none (dense only)",
-             _evaluation_line(cfg.eval, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len),
+             _evaluation_line(cfg.eval, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) if not cfg.protocol
+             else _protocol_line(cfg.protocol),
+             _tasks_line(cfg),
              f"methods: {', '.join(methods)} ({cfg.ghost_mode}, granularity {cfg.granularity}, eps {cfg.eps}, "
              f"solver {cfg.solver})",
              f"estimated forward passes: about {passes} batches ({calib_batches} per calibration pass"
              f"{', one more to select the layers' if cfg.select else ''}; {eval_batches} per evaluated model; "
              "sequential mode and ghost-auto's held-out choice add a few)"]
     return "\n".join(["dry run: nothing is loaded or computed", *lines])
+
+
+def _protocol_line(name: str) -> str:
+    from ghosted.protocols import PROTOCOLS
+
+    return f"evaluation: the {name} protocol: {PROTOCOLS[name].note}"
+
+
+def _tasks_line(cfg) -> str:
+    if not cfg.tasks:
+        return "zero-shot tasks: none (--tasks)"
+    limit = "every example" if cfg.task_limit is None else f"{cfg.task_limit} examples each"
+    return f"zero-shot tasks: {', '.join(cfg.tasks)} ({limit}, {cfg.num_fewshot}-shot)"
 
 
 def plan_grid(cfg, facts: ModelFacts) -> str:
@@ -400,7 +423,9 @@ def plan_grid(cfg, facts: ModelFacts) -> str:
              f"selections: {', '.join(f'{s} (= {resolve_criterion(s)})' for s in cfg.selections)}; "
              f"n = {', '.join(map(str, cfg.n_values))}: {settings} settings",
              _calibration_line(cfg),
-             *[_evaluation_line(s, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals],
+             *([_evaluation_line(s, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals]
+               if not cfg.protocol else [_protocol_line(cfg.protocol)]),
+             _tasks_line(cfg),
              f"methods: {', '.join(methods)}",
              f"estimated forward passes: at most about {passes} batches (one influence pass, one calibration "
              "pass per distinct layer set, each model on each text; shared prefixes make it fewer)"]

@@ -92,7 +92,9 @@ def test_bundled_protocol_is_named_when_its_settings_are_used():
 def test_paper_protocol_offline_is_one_clear_error(capsys, monkeypatch):
     import ghosted.cli.run as run_cli
 
-    monkeypatch.setattr(run_cli, "load_from_args", lambda args: tiny_loaded())
+    lm = tiny_loaded()
+    lm.model.config.max_position_embeddings = 4096  # room for the paper's 2048-token windows
+    monkeypatch.setattr(run_cli, "load_from_args", lambda args: lm)
     code = main(["run", "--drop", "3-4", "--methods", "none", "--protocol", "paper", "--calib-seqs", "4",
                  "--seq-len", "32", "--heldout-seqs", "0"])
     err = capsys.readouterr().err
