@@ -19,7 +19,6 @@ names of their own (``ghosted.calibration``, ``ghosted.layer_influence``, ``ghos
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from ghosted.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
 
@@ -53,12 +52,9 @@ def load(source: str | None = None, **options):
         >>> lm = ghosted.load()                                  # CPU, float32
         >>> lm = ghosted.load("./Llama-3.1-8B", dtype="bfloat16", device_map="auto")
     """
-    from ghosted.export import RECIPE_FILE, load_recovered
-    from ghosted.loading import load_model
+    from ghosted.export import load_any
 
-    if source is not None and (Path(source).expanduser() / RECIPE_FILE).exists():
-        return load_recovered(source, **options)
-    return load_model(source, **options) if source is not None else load_model(**options)
+    return load_any(source, **options)
 
 
 def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len: int = 256,

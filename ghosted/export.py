@@ -332,6 +332,17 @@ def _check_listed_file(file: Path, entry: dict, hashes: bool) -> None:
 
 
 # -------------------------------------------------------------------------------------- loading
+def load_any(source: str | None = None, **options):
+    """Any model source as a ``LoadedModel``; a folder written by ``save_recovered`` comes back with
+    its recovery operators (never silently as the plain pruned weights). ``options`` are those of
+    ``ghosted.loading.load_model``."""
+    from ghosted.loading import load_model
+
+    if source is not None and (Path(source).expanduser() / RECIPE_FILE).exists():
+        return load_recovered(source, **options)
+    return load_model(source, **options) if source is not None else load_model(**options)
+
+
 def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
                    device_map: str | dict | None = None, **options):
     """Load a folder written by ``save_recovered``: the model with its operators re-attached.

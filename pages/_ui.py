@@ -19,7 +19,8 @@ import torch
 from ghosted.arch import describe, layer_param_count, num_layers
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.deploy import DeployConfig, from_env
-from ghosted.loading import LoadedModel, ModelLoadError, load_model, source_kind
+from ghosted.export import load_any
+from ghosted.loading import LoadedModel, ModelLoadError, source_kind
 from ghosted.pruning import format_layers
 from ghosted.text import SourceUnavailableError
 
@@ -91,8 +92,8 @@ def _release(loaded: LoadedModel) -> None:
 def load_cached(source: str, dtype: str, device: str, device_map: str | None,
                 trust_remote_code: bool) -> LoadedModel:
     """One model for the whole server, keyed on every argument that changes it. Never mutate it."""
-    return load_model(source, dtype=dtype, device=device, device_map=device_map,
-                      trust_remote_code=trust_remote_code)
+    return load_any(source, dtype=dtype, device=device, device_map=device_map,
+                    trust_remote_code=trust_remote_code)  # a saved recovered folder keeps its operators
 
 
 def check_spec(spec: dict, cfg: DeployConfig) -> None:

@@ -94,9 +94,9 @@ def task_options(args) -> dict:
 
 
 def load_from_args(args):
-    from ghosted.loading import load_model
+    from ghosted.export import load_any  # a saved recovered folder comes back with its operators
 
-    return load_model(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+    return load_any(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code,
                       offload_folder=getattr(args, "offload_folder", None))
 

@@ -401,3 +401,15 @@ def test_cli_export_overwrite_replaces_a_folder(model_folder, tmp_path, capsys):
     assert not (out / "old.txt").exists() and read_recipe(out)["operator_files"][0]["name"] == OPERATORS_FILE
     assert temp_siblings(out) == [] and snapshot(model_folder) == source
     assert load_recovered(out, device="cpu").extra["operators"] == 1
+
+
+def test_the_command_line_loads_a_saved_folder_with_its_operators(run, saved):
+    """``--model SAVED_FOLDER`` gets the recovered model back, never the plain pruned weights."""
+    from ghosted.cli import build_parser
+    from ghosted.cli.common import load_from_args
+
+    args = build_parser().parse_args(["run", "--model", str(saved), "--device", "cpu", "--dtype", "float32"])
+    lm = load_from_args(args)
+    assert lm.extra["operators"] > 0
+    assert torch.equal(logits(lm.model), logits(run.results["ghost"].model))  # same machine, same ops
+    assert not torch.equal(logits(lm.model), logits(run.results["none"].model))
