@@ -155,8 +155,9 @@ def step_sinks(stored: dict, evaluated: dict | None) -> None:
         st.markdown("Least squares minimises the *sum* of squared errors, so here it mostly fits the sink: "
                     "W bends to move one vector and every ordinary token pays for it. **ghost-robust** fits W "
                     "on the ordinary tokens only and gives the sink its own map (the mean of its target, "
-                    "which barely changes between texts); **ghost-auto** picks, per gap, the fit with the "
-                    "lower next-token loss on held-out calibration windows.")
+                    "which barely changes between texts); **ghost-auto** picks, per gap, the paper's fit, the "
+                    "robust one or no operator at all, whichever has the lower next-token loss on held-out "
+                    "calibration windows, so it is never worse than plain pruning there.")
     else:
         st.markdown("Here the sink carries a modest share of Δ, so the paper's fit is not dominated by it; "
                     "the robust fit and the paper's should give similar results.")
