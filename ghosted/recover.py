@@ -33,10 +33,12 @@ from ghosted.pruning import build_variant, parse_layers
 from ghosted.robust import fit_robust
 from ghosted.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.stats import BoundaryStats
+from ghosted.streamline import StreamlineConfig
 
-STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate")
+STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate", "ghost-lowrank")
 BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
-METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS)
+FRONTIER_METHODS = ("prunecomp", "streamline-ffn", "streamline-layer")  # see ghosted.frontier
+METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS, *FRONTIER_METHODS)
 SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -60,6 +62,8 @@ class RecoveryConfig:
     sink_norm_factor: float | None = None  # robust methods: also tokens with ‖x‖ > factor × median
     sink_map: str = "constant"  # what sinks become: "constant" (mean X_post) or "affine"
     choose_ridge: bool = True  # robust methods: pick the ridge on held-out calibration tokens
+    rank: int | None = None  # ghost-lowrank: rank R of M = U·V (None: d/4)
+    streamline: StreamlineConfig = field(default_factory=StreamlineConfig)  # streamline-* training
     report_sinks: bool = True  # keep sink sub-statistics for the sink report even when no robust
     # method is fitted (one more set of d x d sums; the plain fits do not change)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
@@ -185,6 +189,9 @@ def check_methods(methods: list[str], dropped: list[int], has_heldout: bool = Tr
 def _fit_plain(method: str, stats: BoundaryStats, cfg: RecoveryConfig) -> GapFit:
     if method == "ghost":
         return GapFit(stream=solve.ghost_operator(stats, eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond))
+    if method == "ghost-lowrank":
+        from ghosted.frontier import fit_lowrank
+        return fit_lowrank(stats, cfg)
     if method.startswith("linearpatch"):
         return GapFit(stream=solve.linearpatch_operator(stats, rotate=method.endswith("rotate")))
     if method == "replaceme-ls":
@@ -264,6 +271,11 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
         if method in ("ghost", "ghost-robust") and cfg.mode == "sequential":
             results[method] = _sequential(method, model, dropped, stream_gaps, calib_windows, heldout_windows,
                                           cfg, calib_cfg, rule, stage, show_tqdm)
+            continue
+        if method in FRONTIER_METHODS:
+            from ghosted.frontier import fit_frontier
+            results[method] = fit_frontier(method, model, dropped, stats, heldout, calib_windows, heldout_windows,
+                                           cfg, stage, calib_seconds)
             continue
         t0 = time.perf_counter()
         choices: list[dict] = []
