@@ -50,9 +50,10 @@ class RunConfig:
     eps: float = 1e-6  # ghost ridge
     solver: str = "solve"  # "solve" or "pinv"
     batch_size: int = 4  # windows per forward pass
+    rank: int | None = None  # ghost-lowrank's rank R (None: d/4)
 
     def recovery_config(self) -> RecoveryConfig:
-        return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode,
+        return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode, rank=self.rank,
                               granularity=self.granularity,
                               calibration=CalibrationConfig(batch_size=self.batch_size, seed=self.seed))
 

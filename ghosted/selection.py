@@ -41,6 +41,9 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
            config: InfluenceConfig | None = None) -> tuple[list[int], str]:
     """The n layers ``metric`` removes, and a sentence saying why.
 
+    ``metric`` may be ``"prunecomp:<criterion>"``: Prune&Comp's loop, n rounds of removing the one
+    layer the criterion picks and compensating (``ghosted.prunecomp.iterative_select``; needs a model).
+
     ``source`` is an ``InfluenceReport``, or a model (``nn.Module`` with ``windows``, or a
     ``LoadedModel``, which defaults to 32 + 8 windows of 256 tokens of bundled news) on which only
     this criterion is computed.
@@ -49,8 +52,12 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
         >>> layers, reason = select(report, "recoverability", 7)
         >>> layers                                   # e.g. [20, 21, 22, 23, 24, 25, 26]
     """
+    if metric.startswith("prunecomp:"):  # Prune&Comp's iterative prune-and-compensate loop
+        from ghosted.prunecomp import iterative_select
+        return iterative_select(source, metric.split(":", 1)[1], n, windows, heldout, config)
     if metric not in CRITERIA:
-        raise ValueError(f"Unknown criterion {metric!r}; choose from {', '.join(CRITERIA)}.")
+        raise ValueError(f"Unknown criterion {metric!r}; choose from {', '.join(CRITERIA)}, or "
+                         "prunecomp:<criterion> for Prune&Comp's iterative loop.")
     report = source if isinstance(source, InfluenceReport) else _report_for(source, metric, n, windows,
                                                                               heldout, config)
     if not 1 <= n <= report.num_layers - 1:

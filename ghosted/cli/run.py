@@ -34,6 +34,8 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
+    g.add_argument("--rank", type=int, default=None,
+                   help="rank R of ghost-lowrank's correction M = U·V (2·d·R parameters; default d/4)")
     p.add_argument("--out", default=None, help="write the JSON report here")
     p.set_defaults(handler=handle)
 
@@ -48,7 +50,7 @@ def handle(args) -> int:
                     seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size)
+                    solver=args.solver, batch_size=args.batch_size, rank=args.rank)
     report, _ = run_experiment(cfg, loaded=load_from_args(args))
     print(format_table(report))
     write_json(args.out, report)
