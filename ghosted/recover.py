@@ -12,6 +12,8 @@ Methods (all training-free, all behind one interface):
     ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
   * ``linearpatch-diag`` / ``linearpatch-rotate``: LinearPatch's channel scaling, plain or in a
     Hadamard basis.
+  * ``ghost-lowrank``, ``prunecomp``, ``streamline-ffn`` / ``streamline-layer``: the best rank-R ghost,
+    Prune&Comp's fused magnitude scale and LLM-Streamline's trained replacements (``ghosted.frontier``).
 The input model is never modified; each method gets its own model object sharing the kept weights.
 """
 
