@@ -13,8 +13,9 @@ layer before the cut scales the stream there exactly (up to the norms' ε) and c
 upstream. The pruned model therefore carries no extra operator: it is a plain checkpoint.
 
 Here the changed weights are NEW tensors on a new model object (the base model shares every other
-weight and is never changed). A tied input embedding gets its own scaled copy and the output head
-keeps the original, so ``tie_word_embeddings`` is switched off in the new model's config.
+weight and is never changed). When the output head shares the input embedding (tied weights, as
+in SmolLM2), the head keeps sharing the scaled embedding and the final norm is scaled by 1/scale
+instead, so the logits are unchanged and the checkpoint stays tied (no extra parameters).
 
 Several gaps are compensated one after the other, from the first: each scale is measured on the
 model already pruned and compensated upstream (the gap's own layers still present), as the
@@ -30,7 +31,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ghosted.arch import layers_of, num_layers, spec_for, stack_of
+from ghosted.arch import embedding_of, head_of, layers_of, num_layers, spec_for, stack_of
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
 from ghosted.capture import private_submodule
 from ghosted.pruning import build_variant, format_layers, original_indices
@@ -85,11 +86,14 @@ def compensate(model: nn.Module, drop: list[int], scale: float) -> nn.Module:
     keep = [i for i in range(total) if i not in set(drop)]
     upstream = [i for i in keep if i < min(drop)]
     new = build_variant(model, keep, clone=upstream)
-    _untie_config(new)
     stack = stack_of(new)
+    tied = head_of(new).weight is embedding_of(new).weight
     for path in embeds:
         if getattr(stack, path.split(".")[0], None) is not None:
             _scale_module(private_submodule(stack, path), scale)
+    if tied:  # the head reads the scaled embedding: undo the scale in the final norm before it
+        private_submodule(new, spec_for(new).head).weight = embedding_of(new).weight
+        _scale_module(private_submodule(stack, spec_for(new).final_norm), 1.0 / scale)
     layers = layers_of(new)
     for position in range(len(upstream)):
         for path in outputs:
@@ -107,14 +111,6 @@ def _scale_module(module: nn.Module, scale: float) -> None:
         value = old.double()
         value = scale * (1.0 + value) - 1.0 if gemma_norm and name == "weight" else scale * value
         setattr(module, name, nn.Parameter(value.to(old.dtype), requires_grad=False))
-
-
-def _untie_config(model: nn.Module) -> None:
-    """The input embedding gets its own tensor: never re-tie it to the output head on save or load."""
-    for config in {id(c): c for c in (model.config, getattr(model.config, "get_text_config", lambda: None)())
-                   if c is not None}.values():
-        if getattr(config, "tie_word_embeddings", False):
-            config.tie_word_embeddings = False
 
 
 def prunecomp(model: nn.Module, dropped: list[int], windows, config: CalibrationConfig | None = None,

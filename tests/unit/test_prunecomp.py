@@ -6,6 +6,7 @@ import torch
 import transformers as tf
 from transformers import AutoModelForCausalLM
 
+from ghosted.assemble import GapFit, assemble
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats
 from ghosted.capture import tap
 from ghosted.export import OPERATORS_FILE, read_recipe, save_recovered
@@ -64,18 +65,25 @@ def test_recover_prunecomp_is_a_plain_checkpoint_even_with_tied_embeddings(tmp_p
     run = recover(model, "2-3", ["prunecomp"], windows(), show_tqdm=False)
     fused = run.results["prunecomp"].model
     assert checksum(model) == before and model.lm_head.weight is model.model.embed_tokens.weight
-    assert fused.lm_head.weight is model.lm_head.weight  # the head keeps the original weights
+    assert fused.lm_head.weight is fused.model.embed_tokens.weight  # still tied, to the scaled copy
     assert fused.model.embed_tokens.weight is not model.model.embed_tokens.weight
     scale = run.choices().scale.iloc[0]
     torch.testing.assert_close(fused.model.embed_tokens.weight, scale * model.model.embed_tokens.weight)
+    torch.testing.assert_close(fused.model.norm.weight, model.model.norm.weight / scale)  # logits unchanged
+    pruned = run.results["prunecomp"].model
+    assert sum(p.numel() for p in pruned.parameters()) == \
+        sum(p.numel() for p in recover(model, "2-3", ["none"], windows(), show_tqdm=False).results["none"].model.parameters())
     assert fused.model.layers[2].self_attn.o_proj.weight is model.model.layers[4].self_attn.o_proj.weight
     assert not operators_of(fused)
     folder = save_recovered(fused, tmp_path / "pc", recipe=run)
     assert not (folder / OPERATORS_FILE).exists() and read_recipe(folder)["checkpoint"] == "plain"
     plain = AutoModelForCausalLM.from_pretrained(folder).eval()  # transformers alone
     ids = random_ids(2, 12, seed=3)
+    operator = assemble(model, [2, 3], {Gap(2, 4): GapFit(stream=scale * torch.eye(32, dtype=torch.float64))},
+                        "scale")  # the same scale as an explicit stream operator at the cut
     with torch.no_grad():
         torch.testing.assert_close(plain(ids).logits, fused(ids).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(fused(ids).logits, operator(ids).logits, rtol=1e-4, atol=1e-4)
 
 
 def test_two_gaps_are_compensated_one_after_the_other():
