@@ -113,7 +113,9 @@ def _lr_factor(step: int, total: int, cfg: StreamlineConfig) -> float:
 
 
 def _masked_sq(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return ((pred.float() - target) ** 2).sum(-1)[mask].sum()  # Σ over valid tokens and channels
+    """Σ over valid tokens and channels of (pred − target)², on pred's device."""
+    target, mask = target.to(pred.device), mask.to(pred.device)
+    return ((pred.float() - target) ** 2).sum(-1)[mask].sum()
 
 
 def train_block(block: nn.Module, apply: Callable, pairs: Pairs, heldout: Pairs | None, cfg: StreamlineConfig,
@@ -203,8 +205,9 @@ def train_ffn(model: nn.Module, gap: Gap, pairs: Pairs, heldout: Pairs | None, c
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     eps = float(getattr(config, "rms_norm_eps", None) or 1e-6)
     block = FFNOperator(pairs.x.size(-1), cfg.ffn_hidden or ffn_width(model), eps, (gap.start, gap.end),
-                        method, seed=cfg.seed)
-    report = train_block(block, lambda ids, mask, x: block(x), pairs, heldout, cfg, gap, progress)
+                        method, seed=cfg.seed).to(_device_of(layers_of(model)[gap.start]))
+    device = block.down.weight.device
+    report = train_block(block, lambda ids, mask, x: block(x.to(device)), pairs, heldout, cfg, gap, progress)
     return block, report
 
 
@@ -235,7 +238,7 @@ def train_layer(model: nn.Module, gap: Gap, pairs: Pairs, heldout: Pairs | None,
             view(input_ids=ids.to(device), attention_mask=mask.long().to(device), use_cache=False)
         except StopForward:
             pass
-        return current.pop("out").float().cpu()
+        return current.pop("out").float()
 
     handles = [layer.register_forward_pre_hook(substitute, with_kwargs=True), layer.register_forward_hook(stop)]
     try:
@@ -245,6 +248,11 @@ def train_layer(model: nn.Module, gap: Gap, pairs: Pairs, heldout: Pairs | None,
             handle.remove()
     report.source_layer = source
     return layer, report
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    """Where ``module`` computes (its first real parameter; CPU for an offloaded one)."""
+    return next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
 
 def _set_layer_idx(layer: nn.Module, index: int) -> None:
