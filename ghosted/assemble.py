@@ -9,7 +9,7 @@ from torch import nn
 
 from ghosted.arch import get_path, num_layers, spec_for
 from ghosted.calibration import Gap
-from ghosted.operators import LowRankOperator
+from ghosted.operators import LowRankOperator, RobustLowRankOperator
 from ghosted.patch import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator, attach_branch_operator,
                            attach_stream_operators, fold_branch_operator, site_for_gap)
 from ghosted.pruning import build_variant
@@ -59,8 +59,10 @@ def assemble(model: nn.Module, dropped: list[int], fits: dict[Gap, GapFit], meth
 def _stream_operator(fit: GapFit, gap: Gap, method: str, context) -> nn.Module | None:
     if fit.module is not None:
         return fit.module
-    if fit.factors is not None and fit.sink_map is None:
-        return LowRankOperator(*fit.factors, (gap.start, gap.end), method)
+    if fit.factors is not None:
+        if fit.sink_map is None:
+            return LowRankOperator(*fit.factors, (gap.start, gap.end), method)
+        return RobustLowRankOperator(*fit.factors, fit.sink_map, context, (gap.start, gap.end), method)
     weight = fit.stream
     if weight is None and fit.sink_map is None:
         return None

@@ -430,7 +430,7 @@ def _rebuild(entry: dict, tensors: dict[str, torch.Tensor], context) -> nn.Modul
     key, boundary, method = entry["key"], tuple(entry["boundary"]), entry["method"]
     if entry["kind"] in SAVED_KINDS:
         own = {name[len(key) + 1:]: t for name, t in tensors.items() if name.startswith(f"{key}.")}
-        return SAVED_KINDS[entry["kind"]].from_saved(entry, own)
+        return SAVED_KINDS[entry["kind"]].from_saved(entry, own, context)
     weight = tensors[f"{key}.weight"]  # (d, d) float32
     if entry["kind"] == "stream":
         return StreamOperator(weight, boundary, method)
@@ -448,7 +448,7 @@ def _rebuild(entry: dict, tensors: dict[str, torch.Tensor], context) -> nn.Modul
 
 def _sink_context(model: nn.Module, entries: list[dict]):
     """One shared sink context for robust operators, fed by a pre-hook on the layer stack."""
-    rules = [entry["sink_rule"] for entry in entries if entry["kind"] == "robust"]
+    rules = [entry["sink_rule"] for entry in entries if "sink_rule" in entry]
     if not rules:
         return None
     from ghosted.arch import stack_of

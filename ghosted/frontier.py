@@ -1,7 +1,9 @@
 """The recovery frontier's methods behind ``recover``'s interface: low-rank ghost, Prune&Comp and
 LLM-Streamline's trained replacements. Each returns a ``MethodResult`` like the other methods.
 
-  * ``ghost-lowrank``: ``lowrank.py``; one operator per gap like ``ghost``, stored as two factors.
+  * ``ghost-lowrank``: ``lowrank.py``; one operator per gap like ``ghost``, stored as two factors;
+    ``ghost-lowrank-robust`` fits them on the non-sink tokens (ridge chosen on held-out tokens for
+    the full-rank robust fit, as ``ghost-robust``) and maps the sink tokens apart.
   * ``prunecomp``: ``prunecomp.py``; a plain checkpoint (no operator), one scale per block gap.
     Its ``fits`` hold the equivalent stream map W = scale·I per gap, for the error frames only.
   * ``streamline-ffn`` / ``streamline-layer``: ``streamline.py``; trained per block gap. Their
@@ -26,6 +28,19 @@ def fit_lowrank(stats: BoundaryStats, cfg) -> GapFit:
     left, right = lowrank_factors(stats, min(rank, stats.dim), eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond)
     eye = torch.eye(stats.dim, dtype=left.dtype, device=left.device)
     return GapFit(stream=eye + left @ right, factors=(left, right))
+
+
+def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg) -> GapFit:
+    """The low-rank fit on the non-sink tokens, with ``ghost-robust``'s held-out ridge and sink map."""
+    from ghosted.robust import fit_robust
+
+    robust = fit_robust(stats, heldout, eps=cfg.eps, sink_kind=cfg.sink_map, choose_ridge=cfg.choose_ridge,
+                        solver=cfg.solver)
+    clean = stats.without_sink()
+    rank = min(cfg.rank or default_rank(stats.dim), stats.dim)
+    left, right = lowrank_factors(clean, rank, eps=robust.eps, solver=cfg.solver, rcond=cfg.rcond)
+    eye = torch.eye(stats.dim, dtype=left.dtype, device=left.device)
+    return GapFit(stream=eye + left @ right, factors=(left, right), sink_map=robust.sink_map)
 
 
 def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, heldout_windows, cfg, stage,

@@ -6,7 +6,8 @@ stores them next to the dense operators without knowing their insides:
 
   * ``kind``: the name written in the operator file;
   * ``saved_entry()``: JSON-ready shape fields; ``saved_tensors()``: the tensors to store;
-  * ``from_saved(entry, tensors)``: the module again, with identical outputs.
+  * ``from_saved(entry, tensors, context)``: the module again, with identical outputs (``context``:
+    the model's shared sink context, for operators that map sink tokens apart).
 
 ``SAVED_KINDS`` maps each kind to its class.
 """
@@ -58,11 +59,56 @@ class LowRankOperator(nn.Module):
                 "right": self.right.detach().float().cpu().contiguous()}
 
     @classmethod
-    def from_saved(cls, entry: dict, tensors: dict[str, torch.Tensor]) -> LowRankOperator:
+    def from_saved(cls, entry: dict, tensors: dict[str, torch.Tensor], context=None) -> LowRankOperator:
         return cls(tensors["left"], tensors["right"], tuple(entry["boundary"]), entry["method"])
 
     def extra_repr(self) -> str:
         return f"dim={self.left.shape[0]}, rank={self.rank}, boundary={self.boundary}, method={self.method!r}"
+
+
+class RobustLowRankOperator(LowRankOperator):
+    """h -> h + (h·U)·V for ordinary tokens; sink tokens get their own map (``ghost-lowrank-robust``).
+
+    The sinks are found and mapped exactly as by ``patch.RobustStreamOperator`` (shared context).
+    """
+
+    kind = "robust-lowrank"
+
+    def __init__(self, left, right, sink_map, context, boundary=(-1, -1), method: str = ""):
+        super().__init__(left, right, boundary, method)
+        self.sink_constant = nn.Parameter(sink_map.constant.detach().float().clone(), requires_grad=False)  # (d,)
+        linear = sink_map.linear
+        self.sink_linear = None if linear is None else nn.Parameter(
+            linear.detach().float().clone(), requires_grad=False)  # (d, d)
+        self.context = context
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        from ghosted.patch import RobustStreamOperator
+
+        return RobustStreamOperator.replace_sinks(self, hidden, super().forward(hidden))
+
+    def sink_mask(self, hidden: torch.Tensor):
+        from ghosted.patch import RobustStreamOperator
+
+        return RobustStreamOperator.sink_mask(self, hidden)
+
+    def saved_entry(self) -> dict:
+        from dataclasses import asdict
+
+        return {**super().saved_entry(), "sink_rule": asdict(self.context.rule)}
+
+    def saved_tensors(self) -> dict[str, torch.Tensor]:
+        sinks = {"sink_constant": self.sink_constant}
+        if self.sink_linear is not None:
+            sinks["sink_linear"] = self.sink_linear
+        return {**super().saved_tensors(), **{k: v.detach().float().cpu().contiguous() for k, v in sinks.items()}}
+
+    @classmethod
+    def from_saved(cls, entry: dict, tensors: dict[str, torch.Tensor], context=None) -> RobustLowRankOperator:
+        from ghosted.sinks import SinkMap
+
+        sink_map = SinkMap(constant=tensors["sink_constant"], linear=tensors.get("sink_linear"))
+        return cls(tensors["left"], tensors["right"], sink_map, context, tuple(entry["boundary"]), entry["method"])
 
 
 class RMSNorm(nn.Module):
@@ -116,7 +162,7 @@ class FFNOperator(nn.Module):
         return {name: t.detach().float().cpu().contiguous() for name, t in self.state_dict().items()}
 
     @classmethod
-    def from_saved(cls, entry: dict, tensors: dict[str, torch.Tensor]) -> FFNOperator:
+    def from_saved(cls, entry: dict, tensors: dict[str, torch.Tensor], context=None) -> FFNOperator:
         op = cls(entry["dim"], entry["hidden"], entry["eps"], tuple(entry["boundary"]), entry["method"])
         op.load_state_dict(tensors)
         op.requires_grad_(False)
@@ -126,4 +172,5 @@ class FFNOperator(nn.Module):
         return f"boundary={self.boundary}, method={self.method!r}"
 
 
-SAVED_KINDS: dict[str, type[nn.Module]] = {LowRankOperator.kind: LowRankOperator, FFNOperator.kind: FFNOperator}
+SAVED_KINDS: dict[str, type[nn.Module]] = {
+    cls.kind: cls for cls in (LowRankOperator, RobustLowRankOperator, FFNOperator)}

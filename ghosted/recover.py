@@ -12,7 +12,7 @@ Methods (all training-free, all behind one interface):
     ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
   * ``linearpatch-diag`` / ``linearpatch-rotate``: LinearPatch's channel scaling, plain or in a
     Hadamard basis.
-  * ``ghost-lowrank``, ``prunecomp``, ``streamline-ffn`` / ``streamline-layer``: the best rank-R ghost,
+  * ``ghost-lowrank`` (``-robust``), ``prunecomp``, ``streamline-ffn`` / ``streamline-layer``: the best rank-R ghost,
     Prune&Comp's fused magnitude scale and LLM-Streamline's trained replacements (``ghosted.frontier``).
 The input model is never modified; each method gets its own model object sharing the kept weights.
 """
@@ -37,11 +37,12 @@ from ghosted.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.stats import BoundaryStats
 from ghosted.streamline import StreamlineConfig
 
-STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate", "ghost-lowrank")
+STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate", "ghost-lowrank",
+                  "ghost-lowrank-robust")
 BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
 FRONTIER_METHODS = ("prunecomp", "streamline-ffn", "streamline-layer")  # see ghosted.frontier
 METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS, *FRONTIER_METHODS)
-SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust")
+SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -289,6 +290,9 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
             for g in gaps:
                 fits[g], choice = _fit_robust(g, stats[g], heldout[g] if heldout else None, cfg)
                 choices.append(choice)
+        elif method == "ghost-lowrank-robust":
+            from ghosted.frontier import fit_lowrank_robust
+            fits = {g: fit_lowrank_robust(stats[g], heldout[g] if heldout else None, cfg) for g in gaps}
         else:
             fits = {g: _fit_plain(method, stats[g], cfg) for g in gaps}
         solve_seconds = time.perf_counter() - t0

@@ -20,7 +20,8 @@ METHOD_HELP = (
     "replaceme-ls (-robust): a map on the MLP output of the layer before the gap, folded into its weights. "
     "replaceme-cos: the same map trained with a cosine loss (its paper's settings need millions of tokens; "
     "on a small calibration it stays near no recovery). "
-    "ghost-lowrank: the best rank-R correction M = U·V under the paper's objective (2·d·R parameters, R = d/4). "
+    "ghost-lowrank (-robust): the best rank-R correction M = U·V under the paper's objective (2·d·R "
+    "parameters, R = d/4), on every token or on the non-sink tokens. "
     "prunecomp: Prune&Comp's magnitude scale fused into the weights before the cut (a plain checkpoint). "
     "streamline-ffn / -layer: LLM-Streamline's trained replacement, a small FFN block or a copy of the first "
     "removed layer trained with MSE on the calibration windows (the trained reference line).")

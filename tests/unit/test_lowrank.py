@@ -123,3 +123,27 @@ def test_lowrank_generates_with_kv_cache_and_round_trips(tmp_path):
     entry = read_recipe(folder)["operators"][0]
     assert entry["kind"] == "lowrank" and entry["rank"] == 3 and entry["dim"] == 32
     assert "ghost-lowrank" in METHODS
+
+
+def test_robust_lowrank_full_rank_matches_ghost_robust_and_round_trips(tmp_path):
+    model = tiny_model("llama")
+    calib, held = windows(), windows(4, seed=2)
+    full = recover(model, "2-3", ["ghost-robust", "ghost-lowrank-robust"], calib, held,
+                   RecoveryConfig(rank=32, sink_map="affine"), show_tqdm=False)
+    ids = random_ids(2, 16, seed=4)
+    with torch.no_grad():
+        torch.testing.assert_close(full.results["ghost-lowrank-robust"].model(ids).logits,
+                                   full.results["ghost-robust"].model(ids).logits, rtol=1e-4, atol=1e-4)
+    run = recover(model, "2-3", ["ghost-lowrank-robust"], calib, held, RecoveryConfig(rank=3), show_tqdm=False)
+    recovered = run.results["ghost-lowrank-robust"].model
+    prompt = random_ids(1, 6, seed=7)
+    mask = torch.ones_like(prompt)
+    assert torch.equal(recovered.generate(prompt, attention_mask=mask, max_new_tokens=8, do_sample=False),
+                       recovered.generate(prompt, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                          use_cache=False))
+    folder = save_recovered(recovered, tmp_path / "rlr", recipe=run)
+    loaded = load_recovered(folder, device="cpu").model
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, recovered(ids).logits)
+    entry = read_recipe(folder)["operators"][0]
+    assert entry["kind"] == "robust-lowrank" and entry["rank"] == 3 and "sink_rule" in entry
