@@ -107,3 +107,18 @@ def test_schedule_warms_up_then_decays_to_min_lr():
     assert factors[0] == pytest.approx(0.1) and max(factors) == pytest.approx(1.0)
     assert factors[-1] == pytest.approx(0.1, abs=0.01) and factors[50] > factors[90]
     assert {"streamline-ffn", "streamline-layer", "prunecomp", "ghost-lowrank"} <= set(METHODS)
+
+
+@pytest.mark.parametrize("drop", ["0-1", "1,3-4"])
+def test_every_new_method_runs_on_layer_zero_and_non_contiguous_drops(drop):
+    model = tiny_model("llama", layers=6)
+    before = checksum(model)
+    methods = ["ghost-lowrank", "ghost-lowrank-robust", "prunecomp", "streamline-ffn", "streamline-layer"]
+    cfg = RecoveryConfig(rank=4, streamline=StreamlineConfig(epochs=1))
+    run = recover(model, drop, methods, windows(), windows(2, seed=1), cfg, show_tqdm=False)
+    for name in methods:
+        assert torch.isfinite(logits(run.results[name].model)).all(), name
+    assert checksum(model) == before and not operators_of(model)
+    gaps = 2 if drop == "1,3-4" else 1  # trained and Prune&Comp: one per contiguous block
+    assert len(run.choices().query("method == 'streamline-ffn'")) == gaps
+    assert len(run.choices().query("method == 'prunecomp'")) == gaps
