@@ -91,8 +91,8 @@ def capture_pairs(model: nn.Module, windows, gap: Gap, max_tokens: int, seed: in
     mask = torch.ones_like(ids) if mask is None else mask
     keep = max(1, min(ids.size(0), max_tokens // max(ids.size(1), 1)))
     if keep < ids.size(0):
-        order = torch.randperm(ids.size(0), generator=torch.Generator().manual_seed(seed))[:keep]
-        ids, mask = ids[order.sort().values], mask[order.sort().values]
+        chosen = torch.randperm(ids.size(0), generator=torch.Generator().manual_seed(seed))[:keep].sort().values
+        ids, mask = ids[chosen], mask[chosen]
     xs, ys = [], []
     with tap(model, boundaries=[gap.start, gap.end]) as handle:
         for start in range(0, ids.size(0), batch_size):
@@ -121,7 +121,7 @@ def _masked_sq(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> 
 def train_block(block: nn.Module, apply: Callable, pairs: Pairs, heldout: Pairs | None, cfg: StreamlineConfig,
                 gap: Gap, progress: Progress | None = None) -> TrainReport:
     """Train ``block`` (through ``apply(ids, mask, x) -> prediction``) to map X to Y with MSE."""
-    params = [p for p in block.parameters()]
+    params = list(block.parameters())
     for p in params:
         p.requires_grad_(True)
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
                    help="layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
     g.add_argument("--select", default="", metavar="METRIC",
                    help="instead of --drop, let this influence criterion choose the layers "
-                        "(see 'python -m ghosted influence --help'), e.g. recoverability")
+                        "(see 'python -m ghosted influence --help'), e.g. recoverability; "
+                        "prunecomp:<criterion> runs Prune&Comp's iterative prune-and-compensate loop on it")
     g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
     g.add_argument("--methods", default="dense,none,ghost-auto",
                    help=f"comma list from: dense, {', '.join(METHODS)} (ghost-auto: the paper's fit or the "
