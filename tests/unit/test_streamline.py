@@ -122,3 +122,17 @@ def test_every_new_method_runs_on_layer_zero_and_non_contiguous_drops(drop):
     gaps = 2 if drop == "1,3-4" else 1  # trained and Prune&Comp: one per contiguous block
     assert len(run.choices().query("method == 'streamline-ffn'")) == gaps
     assert len(run.choices().query("method == 'prunecomp'")) == gaps
+
+
+def test_captured_pairs_are_the_boundary_streams_and_capped():
+    model = tiny_model("llama")
+    w = windows(8, 24)
+    pairs = capture_pairs(model, w, Gap(2, 4), max_tokens=3 * 24, seed=4)
+    assert pairs.x.shape == (3, 24, 32) and pairs.y.shape == (3, 24, 32)  # 3 windows fit the cap
+    again = capture_pairs(model, w, Gap(2, 4), max_tokens=3 * 24, seed=4)
+    assert torch.equal(pairs.ids, again.ids)  # the same seeded subset
+    rows = [int((w.input_ids == row).all(1).nonzero()[0]) for row in pairs.ids]
+    with torch.no_grad():
+        hidden = model(w.input_ids[rows], output_hidden_states=True).hidden_states
+    torch.testing.assert_close(pairs.x, hidden[2])
+    torch.testing.assert_close(pairs.y, hidden[4])
