@@ -46,7 +46,7 @@ _WRITERS = {
     "gemma3_text": (("embed_tokens",), ("post_attention_layernorm", "post_feedforward_layernorm")),
     "gpt2": (("wte", "wpe"), ("attn.c_proj", "mlp.c_proj")),
     "gpt_neox": (("embed_in",), ("attention.dense", "mlp.dense_4h_to_h")),
-    "opt": (("embed_tokens", "embed_positions", "project_in"), ("self_attn.out_proj", "fc2")),
+    "opt": (("embed_tokens", "embed_positions"), ("self_attn.out_proj", "fc2")),
 }
 _NOT_PRE_NORM = ("olmo2", "olmo3")  # attention and MLP read the raw stream: scaling it is not neutral
 
@@ -72,7 +72,10 @@ def writers_of(model: nn.Module) -> tuple[tuple[str, ...], tuple[str, ...]]:
     if family == "opt" and not getattr(model.config, "do_layer_norm_before", True):
         raise ValueError("Prune&Comp needs a pre-norm model; this OPT applies its norms after each "
                          "branch (do_layer_norm_before=False).")
-    return _WRITERS.get(family, _LLAMA_WRITERS)
+    embeds, outputs = _WRITERS.get(family, _LLAMA_WRITERS)
+    if family == "opt" and getattr(stack_of(model), "project_in", None) is not None:
+        embeds = ("project_in", "embed_positions")  # token embeddings enter through this projection
+    return embeds, outputs
 
 
 def compensate(model: nn.Module, drop: list[int], scale: float) -> nn.Module:
@@ -87,7 +90,7 @@ def compensate(model: nn.Module, drop: list[int], scale: float) -> nn.Module:
     upstream = [i for i in keep if i < min(drop)]
     new = build_variant(model, keep, clone=upstream)
     stack = stack_of(new)
-    tied = head_of(new).weight is embedding_of(new).weight
+    tied = head_of(new).weight is embedding_of(new).weight and spec_for(new).embed in embeds
     for path in embeds:
         if getattr(stack, path.split(".")[0], None) is not None:
             _scale_module(private_submodule(stack, path), scale)
