@@ -9,6 +9,7 @@ from torch import nn
 
 from ghosted.arch import get_path, num_layers, spec_for
 from ghosted.calibration import Gap
+from ghosted.operators import LowRankOperator, RobustLowRankOperator
 from ghosted.patch import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator, attach_branch_operator,
                            attach_stream_operators, fold_branch_operator, site_for_gap)
 from ghosted.pruning import build_variant
@@ -22,6 +23,9 @@ class GapFit:
     stream: torch.Tensor | None = None  # (d, d) W applied to the residual stream
     branch: torch.Tensor | None = None  # (d, d) T applied to the MLP branch of the layer before
     sink_map: SinkMap | None = None  # robust fits: what sink tokens become at this boundary
+    factors: tuple[torch.Tensor, torch.Tensor] | None = None  # low-rank fits: (U (d, R), V (R, d)) with
+    # W = I + U·V applied as h + (h·U)·V; ``stream`` then holds the dense W for diagnostics only
+    module: nn.Module | None = None  # a trained stream block (h -> h'), placed at the site as it is
 
 
 def assemble(model: nn.Module, dropped: list[int], fits: dict[Gap, GapFit], method: str,
@@ -34,7 +38,7 @@ def assemble(model: nn.Module, dropped: list[int], fits: dict[Gap, GapFit], meth
     if any(f.sink_map is not None for f in fits.values()):
         context = SinkContext(rule or SinkRule())
         get_path(new, spec_for(new).stack).register_forward_pre_hook(context.hook, with_kwargs=True)
-    grouped: dict[tuple[int, bool], list[StreamOperator]] = {}
+    grouped: dict[tuple[int, bool], list[nn.Module]] = {}
     for gap in sorted(fits, key=lambda g: g.start):
         fit, site = fits[gap], sites[gap]
         if fit.branch is not None:
@@ -52,7 +56,13 @@ def assemble(model: nn.Module, dropped: list[int], fits: dict[Gap, GapFit], meth
     return new
 
 
-def _stream_operator(fit: GapFit, gap: Gap, method: str, context) -> StreamOperator | None:
+def _stream_operator(fit: GapFit, gap: Gap, method: str, context) -> nn.Module | None:
+    if fit.module is not None:
+        return fit.module
+    if fit.factors is not None:
+        if fit.sink_map is None:
+            return LowRankOperator(*fit.factors, (gap.start, gap.end), method)
+        return RobustLowRankOperator(*fit.factors, fit.sink_map, context, (gap.start, gap.end), method)
     weight = fit.stream
     if weight is None and fit.sink_map is None:
         return None

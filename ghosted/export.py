@@ -36,6 +36,7 @@ from torch import nn
 from ghosted.arch import layers_of, spec_for
 from ghosted.assets import (BUNDLED_MODEL, bundled_gguf_path, cache_dir, check_can_create, file_sha256,
                             staged_folder)
+from ghosted.operators import SAVED_KINDS
 from ghosted.patch import (BranchOperator, PatchSite, StreamOperator, attach_branch_operator,
                            attach_stream_operators, operators_of)
 from ghosted.pruning import format_layers, original_indices
@@ -180,7 +181,13 @@ def _operator_entries(model: nn.Module) -> tuple[list[dict], dict[str, torch.Ten
         order[site] = order.get(site, -1) + 1
         entry = {"key": key, "kind": kind, "layer": layer, "original_layer": kept[layer],
                  "position": _SITE_NAMES[site_name], "order": order[site],
-                 "boundary": list(op.boundary), "method": op.method, "dim": int(op.weight.shape[0])}
+                 "boundary": list(op.boundary), "method": op.method}
+        if kind in SAVED_KINDS:  # low-rank and trained operators describe themselves
+            entry.update(op.saved_entry())
+            tensors.update({f"{key}.{name}": t for name, t in op.saved_tensors().items()})
+            entries.append(entry)
+            continue
+        entry["dim"] = int(op.weight.shape[0])
         tensors[f"{key}.weight"] = op.weight.detach().float().cpu().contiguous()  # (d, d)
         if kind == "robust":
             entry["sink_rule"] = asdict(op.context.rule)
@@ -196,8 +203,10 @@ def _kind_of(op: nn.Module) -> str:
         return _KINDS[type(op)]
     if type(op).__name__ == "RobustStreamOperator":
         return "robust"
+    if SAVED_KINDS.get(getattr(op, "kind", None)) is type(op):
+        return op.kind
     raise ValueError(f"Cannot save a {type(op).__name__} operator: ghosted saves StreamOperator, "
-                     "BranchOperator and RobustStreamOperator.")
+                     "BranchOperator, RobustStreamOperator, LowRankOperator and FFNOperator.")
 
 
 # --------------------------------------------------------------------------------------- recipe
@@ -420,8 +429,8 @@ def _read_operators(file: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
             entries = json.loads((handle.metadata() or {})["ghosted_operators"])
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
         for entry in entries:
-            if f"{entry['key']}.weight" not in tensors:
-                raise KeyError(f"{entry['key']}.weight")
+            if not any(name.startswith(f"{entry['key']}.") for name in tensors):
+                raise KeyError(f"{entry['key']}.*")
     except Exception as err:  # SafetensorError, JSON, missing keys: all mean a damaged file
         raise ValueError(f"{file} is damaged ({type(err).__name__}: {err}). Copy the folder again, "
                          "or export the model again.") from None
@@ -430,6 +439,9 @@ def _read_operators(file: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
 
 def _rebuild(entry: dict, tensors: dict[str, torch.Tensor], context) -> nn.Module:
     key, boundary, method = entry["key"], tuple(entry["boundary"]), entry["method"]
+    if entry["kind"] in SAVED_KINDS:
+        own = {name[len(key) + 1:]: t for name, t in tensors.items() if name.startswith(f"{key}.")}
+        return SAVED_KINDS[entry["kind"]].from_saved(entry, own, context)
     weight = tensors[f"{key}.weight"]  # (d, d) float32
     if entry["kind"] == "stream":
         return StreamOperator(weight, boundary, method)
@@ -447,7 +459,7 @@ def _rebuild(entry: dict, tensors: dict[str, torch.Tensor], context) -> nn.Modul
 
 def _sink_context(model: nn.Module, entries: list[dict]):
     """One shared sink context for robust operators, fed by a pre-hook on the layer stack."""
-    rules = [entry["sink_rule"] for entry in entries if entry["kind"] == "robust"]
+    rules = [entry["sink_rule"] for entry in entries if "sink_rule" in entry]
     if not rules:
         return None
     from ghosted.arch import stack_of

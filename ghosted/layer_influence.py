@@ -100,11 +100,19 @@ ALIASES = {
 }
 
 
-def resolve_criterion(name: str) -> str:
-    """The criterion a name or alias stands for (``"shortgpt"`` -> ``"seqcos_shortgpt"``); ValueError if unknown."""
+ITERATIVE = "prunecomp:"  # prefix of a selection rule: Prune&Comp's prune-and-compensate loop on a criterion
+
+
+def resolve_criterion(name: str, iterative: bool = False) -> str:
+    """The criterion a name or alias stands for (``"shortgpt"`` -> ``"seqcos_shortgpt"``); ValueError if unknown.
+
+    ``iterative``: also accept ``"prunecomp:<criterion>"`` (a selection rule, not a one-pass criterion).
+    """
     if not isinstance(name, str):
         raise TypeError(f"A criterion is a name such as 'recoverability', not {type(name).__name__}.")
     key = name.strip().lower()
+    if iterative and key.startswith(ITERATIVE):
+        return ITERATIVE + resolve_criterion(key[len(ITERATIVE):])
     if key in CRITERIA or key in ALIASES:
         return ALIASES.get(key, key)
     raise ValueError(f"Unknown criterion {name!r}; choose from {', '.join(CRITERIA)}, or an alias: "

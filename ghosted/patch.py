@@ -69,7 +69,10 @@ class RobustStreamOperator(StreamOperator):
         return None if mask is None else mask.to(hidden.device)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        out = super().forward(hidden)  # (B, T, d)
+        return self.replace_sinks(hidden, super().forward(hidden))  # (B, T, d)
+
+    def replace_sinks(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out`` with the sink tokens of ``hidden`` replaced by their own map."""
         mask = self.sink_mask(hidden)
         if mask is None or mask.shape != hidden.shape[:2] or not bool(mask.any()):
             return out

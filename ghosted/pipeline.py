@@ -57,9 +57,10 @@ class RunConfig:
     tasks: list[str] = field(default_factory=list)  # zero-shot tasks: "bundled-lastword", lm-eval task names
     task_limit: int | None = None  # examples per task (None: all)
     num_fewshot: int = 0  # few-shot examples per task (the paper: zero-shot)
+    rank: int | None = None  # ghost-lowrank's rank R (None: d/4)
 
     def recovery_config(self) -> RecoveryConfig:
-        return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode,
+        return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode, rank=self.rank,
                               granularity=self.granularity,
                               calibration=CalibrationConfig(batch_size=self.batch_size, seed=self.seed))
 

@@ -12,6 +12,8 @@ Methods (all training-free, all behind one interface):
     ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
   * ``linearpatch-diag`` / ``linearpatch-rotate``: LinearPatch's channel scaling, plain or in a
     Hadamard basis.
+  * ``ghost-lowrank`` (``-robust``), ``prunecomp``, ``streamline-ffn`` / ``streamline-layer``: the best rank-R ghost,
+    Prune&Comp's fused magnitude scale and LLM-Streamline's trained replacements (``ghosted.frontier``).
 The input model is never modified; each method gets its own model object sharing the kept weights.
 """
 
@@ -35,11 +37,14 @@ from ghosted.robust import fit_robust
 from ghosted.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.stats import BoundaryStats
 from ghosted.stats_cache import collect_cached, model_identity, resolve_cache
+from ghosted.streamline import StreamlineConfig
 
-STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate")
+STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate", "ghost-lowrank",
+                  "ghost-lowrank-robust")
 BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
-METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS)
-SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust")
+FRONTIER_METHODS = ("prunecomp", "streamline-ffn", "streamline-layer")  # see ghosted.frontier
+METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS, *FRONTIER_METHODS)
+SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
@@ -62,6 +67,8 @@ class RecoveryConfig:
     sink_norm_factor: float | None = None  # robust methods: also tokens with ‖x‖ > factor × median
     sink_map: str = "constant"  # what sinks become: "constant" (mean X_post) or "affine"
     choose_ridge: bool = True  # robust methods: pick the ridge on held-out calibration tokens
+    rank: int | None = None  # ghost-lowrank: rank R of M = U·V (None: d/4)
+    streamline: StreamlineConfig = field(default_factory=StreamlineConfig)  # streamline-* training
     report_sinks: bool = True  # keep sink sub-statistics for the sink report even when no robust
     # method is fitted (one more set of d x d sums; the plain fits do not change)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
@@ -190,6 +197,9 @@ def check_methods(methods: list[str], dropped: list[int], has_heldout: bool = Tr
 def _fit_plain(method: str, stats: BoundaryStats, cfg: RecoveryConfig) -> GapFit:
     if method == "ghost":
         return GapFit(stream=solve.ghost_operator(stats, eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond))
+    if method == "ghost-lowrank":
+        from ghosted.frontier import fit_lowrank
+        return fit_lowrank(stats, cfg)
     if method.startswith("linearpatch"):
         return GapFit(stream=solve.linearpatch_operator(stats, rotate=method.endswith("rotate")))
     if method == "replaceme-ls":
@@ -281,6 +291,11 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
             results[method] = _sequential(method, model, dropped, stream_gaps, calib_windows, heldout_windows,
                                           cfg, calib_cfg, rule, stage, show_tqdm)
             continue
+        if method in FRONTIER_METHODS:
+            from ghosted.frontier import fit_frontier
+            results[method] = fit_frontier(method, model, dropped, stats, heldout, calib_windows, heldout_windows,
+                                           cfg, stage, calib_seconds)
+            continue
         t0 = time.perf_counter()
         choices: list[dict] = []
         if method == "ghost-auto":
@@ -291,6 +306,9 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
             for g in gaps:
                 fits[g], choice = _fit_robust(g, stats[g], heldout[g] if heldout else None, cfg)
                 choices.append(choice)
+        elif method == "ghost-lowrank-robust":
+            from ghosted.frontier import fit_lowrank_robust
+            fits = {g: fit_lowrank_robust(stats[g], heldout[g] if heldout else None, cfg) for g in gaps}
         else:
             fits = {g: _fit_plain(method, stats[g], cfg) for g in gaps}
         solve_seconds = time.perf_counter() - t0

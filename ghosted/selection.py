@@ -16,7 +16,8 @@ import numbers
 
 import pandas as pd
 
-from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence, resolve_criterion
+from ghosted.layer_influence import (CRITERIA, ITERATIVE, InfluenceConfig, InfluenceReport, influence,
+                                     resolve_criterion)
 from ghosted.pruning import format_layers
 
 _TAYLOR_PLUS_FIRST, _TAYLOR_PLUS_LAST = 4, 2  # Shortened-LLaMA keeps layers 0-3 and the last two
@@ -44,6 +45,8 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
 
     ``metric`` is a criterion of ``CRITERIA`` or an alias (``shortgpt``, ``bi``, ``streamline``, ``angular``,
     ``ppl``, ``taylor+``). ``source`` is an ``InfluenceReport``, or a model (``nn.Module`` with ``windows``, or a
+    ``metric`` may also be ``"prunecomp:<criterion>"``: Prune&Comp's loop, n rounds of removing the one
+    layer the criterion picks and compensating (``ghosted.prunecomp.iterative_select``; needs a model).
     ``LoadedModel``, which defaults to 32 + 8 windows of 256 tokens of bundled news) on which only
     this criterion is computed.
 
@@ -51,11 +54,14 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
         >>> layers, reason = select(report, "recoverability", 7)
         >>> layers                                   # e.g. [20, 21, 22, 23, 24, 25, 26]
     """
-    metric = resolve_criterion(metric)  # aliases: shortgpt, bi, streamline, angular, ppl, taylor+
+    metric = resolve_criterion(metric, iterative=True)  # aliases: shortgpt, bi, streamline, angular, ppl, ...
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
         raise TypeError(f"n (how many layers to remove) must be a whole number, not {n!r}.")
     if n < 1:  # before any forward pass on a model source
         raise ValueError(f"n (how many layers to remove) must be at least 1; got {n}.")
+    if metric.startswith(ITERATIVE):  # Prune&Comp's iterative prune-and-compensate loop
+        from ghosted.prunecomp import iterative_select
+        return iterative_select(source, metric[len(ITERATIVE):], n, windows, heldout, config)
     report = source if isinstance(source, InfluenceReport) else _report_for(source, metric, n, windows,
                                                                               heldout, config)
     if not 1 <= n <= report.num_layers - 1:

@@ -26,7 +26,7 @@ SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0
 FLAGS = {  # API name -> CLI flag, so one message serves both
     "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
     "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
-    "eval_seq_len": "--eval-seq-len", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
+    "eval_seq_len": "--eval-seq-len", "rank": "--rank", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
     "n": "--n", "n_values": "--n-values", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
     "max_gram_gib": "--max-gram-gib",
 }
@@ -254,11 +254,13 @@ def check_run(cfg) -> None:
     check_source(cfg.eval, "evaluation")
     check_eps(cfg.eps)
     methods = check_methods(cfg.methods)
+    if getattr(cfg, "rank", None) is not None:
+        check_count("rank", cfg.rank)
     if cfg.select and cfg.drop:
         raise ValueError("Give either layers to drop (--drop) or a criterion to select them with (--select), "
                          "not both.")
     if cfg.select:
-        resolve_criterion(cfg.select)
+        resolve_criterion(cfg.select, iterative=True)
         check_n(cfg.n, None)
     else:
         drop = check_drop_syntax(cfg.drop)
@@ -377,7 +379,7 @@ def plan_run(cfg, facts: ModelFacts) -> str:
     methods = check_methods(cfg.methods)
     fitted = [m for m in methods if m != "dense"]
     if cfg.select:
-        layers = f"chosen by {resolve_criterion(cfg.select)} (n = {cfg.n}) on the calibration windows"
+        layers = f"chosen by {resolve_criterion(cfg.select, iterative=True)} (n = {cfg.n}) on the calibration windows"
     else:
         layers = format_layers(drop) or "none"
     calib_batches = _batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)

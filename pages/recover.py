@@ -19,7 +19,12 @@ METHOD_HELP = (
     "linearpatch-diag / -rotate: per-channel scaling, plain or in a Hadamard basis. "
     "replaceme-ls (-robust): a map on the MLP output of the layer before the gap, folded into its weights. "
     "replaceme-cos: the same map trained with a cosine loss (its paper's settings need millions of tokens; "
-    "on a small calibration it stays near no recovery).")
+    "on a small calibration it stays near no recovery). "
+    "ghost-lowrank (-robust): the best rank-R correction M = U·V under the paper's objective (2·d·R "
+    "parameters, R = d/4), on every token or on the non-sink tokens. "
+    "prunecomp: Prune&Comp's magnitude scale fused into the weights before the cut (a plain checkpoint). "
+    "streamline-ffn / -layer: LLM-Streamline's trained replacement, a small FFN block or a copy of the first "
+    "removed layer trained with MSE on the calibration windows (the trained reference line).")
 AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
              "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
              "(next-token loss), so it is never worse there than plain pruning. "

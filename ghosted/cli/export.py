@@ -37,6 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True,
                    help="new or empty folder to write the model, operators and recipe to (never the "
                         "model's own folder or Ghosted's cache)")
+    p.add_argument("--rank", type=int, default=None,
+                   help="rank R of ghost-lowrank's correction M = U·V (2·d·R parameters; default d/4)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the model already in --out (removed once the new one is complete)")
     add_dry_run(p)
@@ -64,7 +66,7 @@ def handle(args) -> int:
                                 args.seq_len, args.seed)
     fit, heldout = split_calibration(calib, args.heldout_seqs)
     config = RecoveryConfig(eps=args.eps, solver=args.solver, mode=args.ghost_mode,
-                            granularity=args.granularity, replaceme_fold=not args.no_fold,
+                            granularity=args.granularity, replaceme_fold=not args.no_fold, rank=args.rank,
                             calibration=CalibrationConfig(batch_size=args.batch_size, seed=args.seed))
     run = recover(lm.model, drop, [args.method], fit, heldout, config, cache=not args.no_cache)
     out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run,

@@ -26,7 +26,8 @@ def add_parser(sub) -> None:
     g.add_argument("--select", default="", metavar="METRIC",
                    help="instead of --drop, let this influence criterion choose the layers "
                         "(see 'python -m ghosted influence --help'), e.g. recoverability; aliases: "
-                        + alias_text())
+                        + alias_text() + "; prunecomp:<criterion> runs Prune&Comp's iterative "
+                        "prune-and-compensate loop on it")
     g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
     g.add_argument("--methods", default="dense,none,ghost-auto",
                    help=f"comma list from: dense, {', '.join(METHODS)} (ghost-auto: the paper's fit or the "
@@ -40,6 +41,8 @@ def add_parser(sub) -> None:
     g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
     g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
                    help="normal equations, or the exact minimum-norm pseudo-inverse")
+    g.add_argument("--rank", type=int, default=None,
+                   help="rank R of ghost-lowrank's correction M = U·V (2·d·R parameters; default d/4)")
     add_protocol_args(p)
     add_task_args(p)
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
@@ -61,7 +64,7 @@ def handle(args) -> int:
                     seed=args.seed, drop=args.drop, select=args.select, n=args.n,
                     methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                     ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache,
+                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache, rank=args.rank,
                     **task_options(args))
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(cfg)  # every setting, before the model is loaded
