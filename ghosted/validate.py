@@ -26,7 +26,8 @@ SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0
 FLAGS = {  # API name -> CLI flag, so one message serves both
     "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
     "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
-    "eval_seq_len": "--eval-seq-len", "rank": "--rank", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
+    "eval_seq_len": "--eval-seq-len", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
+    "rank": "--rank",
     "n": "--n", "n_values": "--n-values", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
     "max_gram_gib": "--max-gram-gib",
 }
