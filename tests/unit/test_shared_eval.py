@@ -53,7 +53,11 @@ CASES = [("llama", *d) for d in DROPS] + [  # sliding-window layer types, post-n
 @pytest.mark.parametrize("family,drop,split", CASES)
 def test_tiny_every_method_matches_separate_evaluation(family, drop, split):
     models = variants(tiny_model(family, layers=6), drop, windows(6, 16, 0), windows(2, 16, 5))
-    assert shared_prefix_length(list(models.values())) == split
+    # Prune&Comp fuses its scale into new weights upstream of the cut (embeddings, every output
+    # projection), so it shares no prefix with the others; every other method keeps them
+    kept_upstream = [m for name, m in models.items() if name != "prunecomp"]
+    assert shared_prefix_length(kept_upstream) == split
+    assert shared_prefix_length(list(models.values())) <= split
     assert_same_as_alone(models, windows(5, 16, 1))
 
 
