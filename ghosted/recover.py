@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ghosted import diagnostics, solve
+from ghosted import methods as registry
 from ghosted.arch import num_layers
 from ghosted.assemble import GapFit, assemble
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
@@ -39,11 +40,11 @@ from ghosted.stats import BoundaryStats
 from ghosted.stats_cache import collect_cached, model_identity, resolve_cache
 from ghosted.streamline import StreamlineConfig
 
-STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate", "ghost-lowrank",
-                  "ghost-lowrank-robust")
-BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
-FRONTIER_METHODS = ("prunecomp", "streamline-ffn", "streamline-layer")  # see ghosted.frontier
-METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS, *FRONTIER_METHODS)
+# The names and kinds come from the registry (ghosted.methods); the fits are dispatched below.
+STREAM_METHODS = registry.names_of(registry.STREAM)
+BRANCH_METHODS = registry.names_of(registry.BRANCH)
+FRONTIER_METHODS = registry.names_of(registry.WEIGHTS, registry.TRAINED)  # see ghosted.frontier
+METHODS = registry.FITTED  # "none" and every method recover() fits
 SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 

@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 
-SUBCOMMANDS = ["run", "influence", "grid", "export", "cache"]  # modules in ghosted/cli/, in --help order
+SUBCOMMANDS = ["run", "influence", "grid", "export", "cache", "methods", "criteria"]  # modules in ghosted/cli/, in --help order
 
 
 def build_parser() -> argparse.ArgumentParser:
