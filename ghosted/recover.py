@@ -172,18 +172,6 @@ def resolve_gaps(dropped: list[int], granularity: str) -> list[Gap]:
     return gaps_of(dropped, granularity)
 
 
-def stream_model(model: nn.Module, dropped: list[int], operators: dict[Gap, torch.Tensor],
-                 method: str) -> nn.Module:
-    """The pruned model with full-stream operators W at their gaps."""
-    return assemble(model, dropped, {g: GapFit(stream=w) for g, w in operators.items()}, method)
-
-
-def branch_model(model: nn.Module, dropped: list[int], operators: dict[Gap, torch.Tensor],
-                 method: str, fold: bool = True) -> nn.Module:
-    """The pruned model with ReplaceMe maps T on the MLP branch of the layer before each gap."""
-    return assemble(model, dropped, {g: GapFit(branch=t) for g, t in operators.items()}, method, fold)
-
-
 def check_methods(methods: list[str], dropped: list[int], has_heldout: bool = True) -> None:
     unknown = [m for m in methods if m not in METHODS and m != "dense"]
     if unknown:
