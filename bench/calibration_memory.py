@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"({tokens} tokens), batch 4; peak RSS growth in MiB, one fresh process per cell.\n\n"
             + table(["contender", *(f"{s}x ({s * tokens} tokens)" for s in SIZES), "16x / 1x"], rows)
             + "\n\nReading: a ratio of 1 is flat. Ghost statistics hold the activations of one batch plus "
-              "d x d float64 sums, whatever the size; so do the sums of every closed-form method (ghost, ReplaceMe-LS, LinearPatch). With all methods, ReplaceMe-cosine's token reservoir "
+              "d x d float64 sums, whatever the size; so do the sums of every closed-form method (ghost, "
+              "ReplaceMe-LS, LinearPatch). With all methods, ReplaceMe-cosine's token reservoir "
               "grows with the tokens seen up to its cap (16,384 rows of m and Δ + m in float32: 72 MiB at "
               "d = 576; it grows by concatenation, so its peak is briefly twice that), then stays flat. "
               "The official approach keeps every token of both boundaries, and float64 copies of them.")

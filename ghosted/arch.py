@@ -125,12 +125,6 @@ def mlp_branch_of(model: nn.Module, layer: int) -> nn.Module:
     return get_path(layers_of(model)[layer], spec_for(model).mlp_branch)
 
 
-def mlp_out_linear_of(model: nn.Module, layer: int) -> nn.Module | None:
-    """The linear whose output *is* the MLP branch (ReplaceMe folds into it), or None."""
-    path = spec_for(model).mlp_out_linear
-    return get_path(layers_of(model)[layer], path) if path else None
-
-
 def hidden_of(output) -> torch.Tensor:
     """The hidden state from a decoder layer's output (v5 tensor, or a v4-style tuple)."""
     return output if isinstance(output, torch.Tensor) else output[0]

@@ -8,7 +8,6 @@ deepest boundary needed, and each gap's sums live on the device of its boundary 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -159,9 +158,3 @@ def _index_map(model: nn.Module) -> dict[int, int]:
     mapping[max(kept) + 1] = len(kept)  # the stream after the last kept layer
     return mapping
 
-
-def timed(fn, *args, **kwargs):
-    """(result, seconds) of a call; used to report calibration and solve times."""
-    started = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - started

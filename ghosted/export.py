@@ -37,7 +37,7 @@ from ghosted.arch import layers_of, spec_for
 from ghosted.assets import (BUNDLED_MODEL, bundled_gguf_path, cache_dir, check_can_create, file_sha256,
                             staged_folder)
 from ghosted.operators import SAVED_KINDS
-from ghosted.patch import (BranchOperator, PatchSite, StreamOperator, attach_branch_operator,
+from ghosted.patch import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator, attach_branch_operator,
                            attach_stream_operators, operators_of)
 from ghosted.pruning import format_layers, original_indices
 
@@ -45,7 +45,7 @@ OPERATORS_FILE = "ghosted_operators.safetensors"
 RECIPE_FILE = "ghosted_recipe.json"
 RECIPE_FORMAT = 2  # bumped when a field changes meaning (2: operator_files with sha256)
 _SITE_NAMES = {"ghosted_pre": "before", "ghosted_post": "after", "ghosted_branch": "mlp"}
-_KINDS = {StreamOperator: "stream", BranchOperator: "branch"}
+_KINDS = {StreamOperator: "stream", BranchOperator: "branch", RobustStreamOperator: "robust"}
 
 
 # --------------------------------------------------------------------------------------- saving
@@ -201,8 +201,6 @@ def _operator_entries(model: nn.Module) -> tuple[list[dict], dict[str, torch.Ten
 def _kind_of(op: nn.Module) -> str:
     if type(op) in _KINDS:
         return _KINDS[type(op)]
-    if type(op).__name__ == "RobustStreamOperator":
-        return "robust"
     if SAVED_KINDS.get(getattr(op, "kind", None)) is type(op):
         return op.kind
     raise ValueError(f"Cannot save a {type(op).__name__} operator: ghosted saves StreamOperator, "

@@ -163,7 +163,9 @@ def fold_branch_operator(model: nn.Module, layer_index: int, transform: torch.Te
                          "folded into its weight; use the hooked form (replaceme_fold=False).")
     t = transform.double().to(linear.weight.device)  # (d, d)
     weight = linear.weight.double()
-    is_conv1d = type(linear).__name__ == "Conv1D"  # GPT-2 stores (in, out) and computes x·W + b
+    from transformers.pytorch_utils import Conv1D
+
+    is_conv1d = isinstance(linear, Conv1D)  # GPT-2 stores (in, out) and computes x·W + b
     new_weight = weight @ t if is_conv1d else t.T @ weight  # Linear: (out, in), y = x·Wᵀ + b
     linear.weight = nn.Parameter(new_weight.to(linear.weight.dtype), requires_grad=False)
     if getattr(linear, "bias", None) is not None:

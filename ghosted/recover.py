@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ghosted import diagnostics, solve
+from ghosted import methods as registry
 from ghosted.arch import num_layers
 from ghosted.assemble import GapFit, assemble
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
@@ -39,11 +40,11 @@ from ghosted.stats import BoundaryStats
 from ghosted.stats_cache import collect_cached, model_identity, resolve_cache
 from ghosted.streamline import StreamlineConfig
 
-STREAM_METHODS = ("ghost", "ghost-robust", "ghost-auto", "linearpatch-diag", "linearpatch-rotate", "ghost-lowrank",
-                  "ghost-lowrank-robust")
-BRANCH_METHODS = ("replaceme-ls", "replaceme-ls-robust", "replaceme-cos")
-FRONTIER_METHODS = ("prunecomp", "streamline-ffn", "streamline-layer")  # see ghosted.frontier
-METHODS = ("none", *STREAM_METHODS, *BRANCH_METHODS, *FRONTIER_METHODS)
+# The names and kinds come from the registry (ghosted.methods); the fits are dispatched below.
+STREAM_METHODS = registry.names_of(registry.STREAM)
+BRANCH_METHODS = registry.names_of(registry.BRANCH)
+FRONTIER_METHODS = registry.names_of(registry.WEIGHTS, registry.TRAINED)  # see ghosted.frontier
+METHODS = registry.FITTED  # "none" and every method recover() fits
 SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -169,18 +170,6 @@ def resolve_gaps(dropped: list[int], granularity: str) -> list[Gap]:
     if granularity not in ("block", "layer"):
         raise ValueError(f"Unknown granularity {granularity!r}; use auto, block or layer.")
     return gaps_of(dropped, granularity)
-
-
-def stream_model(model: nn.Module, dropped: list[int], operators: dict[Gap, torch.Tensor],
-                 method: str) -> nn.Module:
-    """The pruned model with full-stream operators W at their gaps."""
-    return assemble(model, dropped, {g: GapFit(stream=w) for g, w in operators.items()}, method)
-
-
-def branch_model(model: nn.Module, dropped: list[int], operators: dict[Gap, torch.Tensor],
-                 method: str, fold: bool = True) -> nn.Module:
-    """The pruned model with ReplaceMe maps T on the MLP branch of the layer before each gap."""
-    return assemble(model, dropped, {g: GapFit(branch=t) for g, t in operators.items()}, method, fold)
 
 
 def check_methods(methods: list[str], dropped: list[int], has_heldout: bool = True) -> None:

@@ -23,7 +23,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cache, cached_property
 from pathlib import Path
 
 import torch
@@ -145,7 +145,7 @@ def _parse_jsonl(name: str, text: str) -> list[str]:
     return docs
 
 
-@lru_cache(maxsize=None)
+@cache
 def _bundled(name: str) -> TextSource:
     """Load a bundled source once per process (wiki: from the on-disk cleaned cache)."""
     return TextSource(name, tuple(wiki.bundled_documents(name)), _BUNDLED[name])

@@ -55,7 +55,8 @@ def resolve_text(cfg: DeployConfig, kind: str, upload, other: str):
             return TextSource.from_string(upload.name, data.decode("utf-8"))
         except UnicodeDecodeError:
             raise ValueError(f"{upload.name} is not UTF-8 text. Convert it first, e.g. iconv -f latin1 -t utf-8 "
-                             f"'{upload.name}' > converted.txt (use the file's real encoding), and upload that.") from None
+                             f"'{upload.name}' > converted.txt (use the file's real encoding), "
+                             "and upload that.") from None
     name = other.strip()
     if not name:
         raise ValueError(f"Type a {'file path' if kind == 'path' else 'dataset name'} first.")

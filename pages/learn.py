@@ -39,7 +39,7 @@ def step_pruning(lm, stored: dict, evaluated: dict | None) -> None:
     st.markdown(f"You removed layers **{format_layers(stored['layers'])}**. Layer {end} used to receive "
                 f"the stream *Y* after layers {start}-{end - 1}{where}; now it receives *X*, the stream "
                 "before them. What it misses is the discrepancy")
-    st.latex(r"\Delta = Y - X \qquad (%d \text{ tokens} \times %d \text{ numbers on your calibration text})"
+    st.latex(r"\Delta = Y - X \qquad (%d \text{ tokens} \times %d \text{ numbers on your calibration text})"  # noqa: UP031
              % (tokens, hidden_size(lm.model)))
     if evaluated:
         ppl = evaluated["table"].set_index("variant").perplexity

@@ -5,6 +5,7 @@ import time
 import streamlit as st
 
 from ghosted.arch import hidden_size
+from ghosted.methods import help_text
 from ghosted.pipeline import RunConfig, split_calibration
 from ghosted.pruning import format_layers
 from ghosted.recover import METHODS, recover
@@ -12,19 +13,7 @@ from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
-METHOD_HELP = (
-    "ghost: the paper's map W = I + M, least squares on every token. "
-    "ghost-robust: W on the non-sink tokens, the sink tokens mapped apart. "
-    "ghost-auto: per gap, whichever of the two, or no operator, predicts held-out windows better. "
-    "linearpatch-diag / -rotate: per-channel scaling, plain or in a Hadamard basis. "
-    "replaceme-ls (-robust): a map on the MLP output of the layer before the gap, folded into its weights. "
-    "replaceme-cos: the same map trained with a cosine loss (its paper's settings need millions of tokens; "
-    "on a small calibration it stays near no recovery). "
-    "ghost-lowrank (-robust): the best rank-R correction M = U·V under the paper's objective (2·d·R "
-    "parameters, R = d/4), on every token or on the non-sink tokens. "
-    "prunecomp: Prune&Comp's magnitude scale fused into the weights before the cut (a plain checkpoint). "
-    "streamline-ffn / -layer: LLM-Streamline's trained replacement, a small FFN block or a copy of the first "
-    "removed layer trained with MSE on the calibration windows (the trained reference line).")
+METHOD_HELP = help_text(m for m in METHODS if m != "none")  # from the registry, ghosted.methods
 AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
              "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
              "(next-token loss), so it is never worse there than plain pruning. "

@@ -18,6 +18,25 @@ import torch
 from tests.tiny import tiny_model  # noqa: E402
 
 
+# Test tiers, by folder: `pytest -m unit` is the fast tier for development; plain `pytest` (the README's
+# command and CI) runs every tier. A unit test marked slow stays out of the unit tier.
+TIERS = {"app": "app", "e2e": "e2e", "gpu": "gpu", "unit": "unit"}  # folder under tests/ -> marker
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with the tier of its folder (tests/unit -> unit unless it is marked slow)."""
+    root = config.rootpath / "tests"
+    for item in items:
+        try:
+            folder = item.path.relative_to(root).parts[0]
+        except ValueError:  # a test outside tests/
+            continue
+        tier = TIERS.get(folder)
+        if tier is None or (tier == "unit" and item.get_closest_marker("slow")):
+            continue
+        item.add_marker(getattr(pytest.mark, tier))
+
+
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled SmolLM2 model, loaded once per test session; treat it as read-only."""

@@ -8,7 +8,8 @@ import os
 import sys
 import traceback
 
-SUBCOMMANDS = ["run", "influence", "grid", "export", "cache"]  # modules in ghosted/cli/, in --help order
+# modules in ghosted/cli/, in --help order
+SUBCOMMANDS = ["run", "influence", "grid", "export", "cache", "methods", "criteria"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ def _list(text: str) -> list[str]:
 
 def add_parser(sub) -> None:
     from ghosted.grid import ALIASES
-    from ghosted.recover import METHODS
+    from ghosted.methods import methods_help
 
     p = sub.add_parser("grid", help="the reproduction grid: selection x layers removed x every method",
                        description="Choose layers with each selection criterion for each n, recover them with "
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
                    help="selection criteria: " + ", ".join(f"{k} (= {v}, the paper's code)" for k, v in ALIASES.items())
                         + ", or any criterion of `python -m ghosted influence`")
     g.add_argument("--n", default="7,11", help="numbers of layers removed, comma list")
-    g.add_argument("--methods", default="all", help=f"'all' or a comma list from: dense, {', '.join(METHODS)}")
+    g.add_argument("--methods", default="all", help="'all' or a " + methods_help())
     g.add_argument("--evals", default="bundled:wiki,bundled:news", help="evaluation texts, comma list")
     g.add_argument("--eval-tokens", type=int, default=8192,
                    help="tokens per evaluation text (capped at what its evaluation part holds)")

@@ -8,7 +8,7 @@ import sys
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
     task_options, write_json)
-from ghosted.recover import METHODS
+from ghosted.methods import methods_help
 
 
 def add_parser(sub) -> None:
@@ -30,8 +30,7 @@ def add_parser(sub) -> None:
                         "prune-and-compensate loop on it")
     g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
     g.add_argument("--methods", default="dense,none,ghost-auto",
-                   help=f"comma list from: dense, {', '.join(METHODS)} (ghost-auto: the paper's fit or the "
-                        "sink-robust one per gap, by held-out next-token loss; ghost: the paper's fit exactly)")
+                   help=methods_help())
     g.add_argument("--ghost-mode", default="independent", choices=["independent", "sequential"],
                    help="fit every operator on the dense model (paper), or each on the model already "
                         "pruned and patched upstream")

@@ -54,8 +54,8 @@ def numbers_with_threads(threads: int) -> dict:
     """``numbers()`` in a fresh interpreter whose OpenMP / MKL / torch thread count is ``threads``."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "HF_HUB_OFFLINE": "1"}
-    code = ("import json, torch; torch.set_num_threads({t}); from tests.unit.test_threads import numbers; "
-            "print(json.dumps(numbers()))").format(t=threads)
+    code = (f"import json, torch; torch.set_num_threads({threads}); from tests.unit.test_threads import numbers; "
+            "print(json.dumps(numbers()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])
