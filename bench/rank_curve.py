@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
             + table(["model", "parameters added", "perplexity"], rows)
             + "\n\nReading: `rank R` is the best rank-R M of W = I + M under the ghost's least-squares "
               "objective (reduced-rank regression), stored as two factors, 2·d·R parameters; at R = d it is "
-              "the ghost fit itself (d² parameters would be stored densely; the factors hold 2·d²). A rank below d can score better than the full fit: truncating M drops "
+              "the ghost fit itself (d² parameters would be stored densely; the factors hold 2·d²). A rank below d "
+              "can score better than the full fit: truncating M drops "
               "the directions least supported by the calibration text, a regularisation that helps when "
               "calibration (news) and evaluation (wiki) differ.")
     write_reproduction_section("rank_curve", "Low-rank ghost: perplexity against rank", argv, body)
