@@ -73,11 +73,13 @@ def main(argv: list[str] | None = None) -> dict:
                                  calibration_source="bundled:news")
     ppl = perplexities({str(k): m for k, m in models.items()}, windows, show_tqdm=False)
     score = lambda key: f"{ppl[str(key)].ppl:.2f}"  # noqa: E731
-    rows = [[count * args.seq_len, *[score((m, count)) for m in METHODS], f"{seconds[count]:.0f}"] for count in counts]
+    rows = [[count * args.seq_len, *[score((m, count)) for m in METHODS], f"{seconds[count]:.0f}"]
+            for count in counts]
     body = (f"Bundled SmolLM2-135M without layers {args.drop}; calibration: the first N tokens of a random "
             f"draw of bundled:news windows of {args.seq_len} (each set a prefix of the next), the same "
             f"{args.heldout} held-out windows for every size; perplexity on bundled:wiki, {args.eval_tokens} "
-            f"tokens in windows of {args.eval_seq_len}, all models in one shared-prefix pass; float32 on CPU. No recovery (`none`): "
+            f"tokens in windows of {args.eval_seq_len}, all models in one shared-prefix pass; float32 on CPU. "
+            "No recovery (`none`): "
             f"{score('none')}. \"recover s\" is the wall time of the `recover` call (both passes, every fit) "
             "on a shared 2-core machine. 128k tokens do not fit: the calibration part of bundled:news holds "
             f"{available:,} tokens, so the curve stops at the largest size below that.\n\n"
