@@ -207,3 +207,22 @@ def warm(model) -> None:
 
     with torch.no_grad():
         model(input_ids=torch.ones(1, 8, dtype=torch.long), use_cache=False)
+
+
+REPRODUCTION = ROOT / "docs" / "REPRODUCTION.md"
+
+
+def write_reproduction_section(name: str, title: str, argv: list[str] | None, body: str) -> None:
+    """Replace (or append at the end) the ``<!-- curve:NAME -->`` section of docs/REPRODUCTION.md.
+
+    For measurements of quality (perplexity curves) rather than speed; same layout as
+    ``write_section``: title, the command that regenerates it, the date and machine, the body.
+    """
+    section = (f"<!-- curve:{name} -->\n## {title}\n\n`{command_line(name, argv)}`, {today()}; {machine()}.\n\n"
+               f"{body.strip()}\n<!-- /curve:{name} -->")
+    doc = REPRODUCTION.read_text()
+    pattern = re.compile(rf"<!-- curve:{name} -->.*?<!-- /curve:{name} -->", re.S)
+    doc = pattern.sub(lambda _: section, doc) if pattern.search(doc) else doc.rstrip("\n") + "\n\n" + section + "\n"
+    REPRODUCTION.write_text(doc)
+    print(f"wrote section '{name}' of {REPRODUCTION.relative_to(ROOT)}", file=sys.stderr)
+    print(body)

@@ -59,6 +59,40 @@ def perplexity_bars(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
+TRAINED = ("replaceme-cos", "streamline-ffn", "streamline-layer")  # fitted by gradient steps, not in closed form
+
+
+def frontier_points(table: pd.DataFrame) -> pd.DataFrame:
+    """Each fitted method's parameters added (over the pruned model) and perplexity, and how it was fitted.
+
+    ``table``: the Compare page's evaluation table (``variant``, ``perplexity``, ``parameters``).
+    """
+    base = table.set_index("variant").loc[PRUNED, "parameters"]
+    fitted = table[~table.variant.isin(["dense", PRUNED])]
+    return pd.DataFrame({"variant": fitted.variant.tolist(),
+                         "parameters added": [int(n - base) for n in fitted.parameters],
+                         "perplexity": fitted.perplexity.tolist(),
+                         "fit": ["trained" if v in TRAINED else "closed form" for v in fitted.variant]})
+
+
+def frontier_scatter(table: pd.DataFrame) -> go.Figure:
+    """The recovery frontier: parameters added against perplexity, closed-form fits and trained ones apart,
+    the pruned model as the reference line (no parameters added)."""
+    points = frontier_points(table)
+    fig = go.Figure()
+    for fit, symbol in (("closed form", "circle"), ("trained", "diamond")):
+        part = points[points.fit == fit]
+        fig.add_trace(go.Scatter(x=part["parameters added"].tolist(), y=part.perplexity.tolist(), name=fit,
+                                 mode="markers+text", text=part.variant.tolist(), textposition="top center",
+                                 marker=dict(symbol=symbol, size=11, color=[_color(v) for v in part.variant]),
+                                 hovertemplate="%{text}: %{x:,} parameters, perplexity %{y:.2f}<extra></extra>"))
+    pruned = float(table.set_index("variant").loc[PRUNED, "perplexity"])
+    fig.add_hline(y=pruned, line_dash="dot", line_color=_color(PRUNED), annotation_text="pruned, no recovery")
+    fig.update_layout(title="Recovery frontier: parameters added against perplexity (lower left is better)",
+                      xaxis_title="parameters added to the pruned model", yaxis_title="perplexity", **LAYOUT)
+    return fig
+
+
 def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Accuracy per variant (rows) and task (columns), in %, plus "average" over tasks when there are several.
 

@@ -61,6 +61,7 @@ def evaluate(lm, stored: dict, form: dict, progress) -> dict:
         facts, res = describe(model), results[name]
         rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
                      "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
+                     "parameters": facts["parameters"],
                      "memory (MB)": facts["memory_mb"],
                      "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
     protocol = dict(next(iter(results.values())).protocol)
@@ -80,6 +81,19 @@ def show_perplexity(result: dict) -> None:
                   f"tokens scored: {p.get('scored_tokens'):,} in {p.get('n_windows')} windows of "
                   f"{p.get('seq_len')}  \nBOS: {p.get('bos')}  \ndtype: {p.get('dtype')} · device: "
                   f"{p.get('device')}")
+
+
+def show_frontier(result: dict) -> None:
+    """Parameters added against perplexity for every fitted method: what each recovery costs in size."""
+    table = result["table"]
+    if "parameters" not in table or len(table) < 3:  # an evaluation from before this chart, or nothing fitted
+        return
+    st.subheader("The recovery frontier")
+    st.plotly_chart(_charts.frontier_scatter(table), key="frontier_chart")
+    st.caption("Circles: fitted in closed form from calibration statistics; diamonds: trained by gradient "
+               "steps (ReplaceMe's cosine variant, LLM-Streamline). A folded operator (Prune&Comp, "
+               "ReplaceMe folded into a projection) adds no parameters; a d x d operator adds d² per gap, "
+               "a rank-R one 2·d·R.")
 
 
 def show_boundary(stored: dict) -> None:
@@ -235,6 +249,7 @@ if evaluated:
                  hide_index=True)
     st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
                "on this machine now.")
+    show_frontier(evaluated)
 zeroshot_section(lm, stored)
 show_boundary(stored)
 show_sinks(stored)

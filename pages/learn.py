@@ -104,6 +104,8 @@ def step_restricted(stored: dict) -> None:
                 "channels (a diagonal, possibly in a Hadamard basis: a symmetric map); ReplaceMe changes "
                 "only one layer's MLP output. The closed form above is the best of *all* linear maps "
                 "on the stream, so on the fitted tokens a smaller family can only do as well or worse.")
+    st.caption("Smaller families also cost fewer parameters: the Compare page's recovery frontier plots, for "
+               "every method you fitted, parameters added against perplexity (closed form and trained apart).")
     errors = stored["frames"]["errors"]
     methods = set(errors.method) - {"pruned"}
     if len(methods) > 1:

@@ -77,6 +77,20 @@ def test_perplexity_figure_matches_table(flow):
     assert bars["layout"]["yaxis"]["type"] == "log"
 
 
+def test_frontier_figure_matches_the_evaluated_parameters(flow):
+    open_page(flow, "compare")
+    table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
+    frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
+    closed, trained = frontier["data"]
+    assert (closed["name"], trained["name"]) == ("closed form", "trained")
+    assert closed["text"] == METHODS and not trained.get("x")  # none of these methods is trained
+    added = [int(table.parameters[m] - table.parameters["pruned"]) for m in METHODS]
+    assert closed["x"] == added
+    assert added[1] == 576 * 576  # ghost: one d x d operator for the one gap
+    assert closed["y"] == pytest.approx([table.perplexity[m] for m in METHODS])
+    assert frontier["layout"]["shapes"][0]["y0"] == pytest.approx(table.perplexity["pruned"])
+
+
 def test_spectra_and_errors_figures(flow):
     open_page(flow, "compare")
     figs = figures(flow)

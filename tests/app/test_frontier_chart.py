@@ -1,0 +1,30 @@
+"""The Compare page's frontier chart from an evaluation table: what it plots and how it marks each fit."""
+
+import pandas as pd
+import pytest
+
+from pages import _charts
+
+
+def _table() -> pd.DataFrame:
+    return pd.DataFrame({"variant": ["dense", "pruned", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
+                         "perplexity": [20.0, 55.0, 45.0, 47.0, 50.0, 44.0],
+                         "parameters": [1000, 700, 1100, 800, 700, 1300]})
+
+
+def test_points_are_parameters_added_over_the_pruned_model():
+    points = _charts.frontier_points(_table()).set_index("variant")
+    assert list(points.index) == ["ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"]  # dense, pruned out
+    assert points["parameters added"].tolist() == [400, 100, 0, 600]
+    assert points.perplexity.tolist() == [45.0, 47.0, 50.0, 44.0]
+    assert points.fit.tolist() == ["closed form", "closed form", "closed form", "trained"]
+
+
+def test_figure_draws_closed_form_and_trained_apart_with_the_pruned_reference():
+    closed, trained = _charts.frontier_scatter(_table()).to_dict()["data"]
+    assert list(closed["text"]) == ["ghost", "ghost-lowrank", "prunecomp"]
+    assert list(closed["x"]) == [400, 100, 0] and list(trained["x"]) == [600]
+    assert list(trained["y"]) == pytest.approx([44.0])
+    assert closed["marker"]["symbol"] != trained["marker"]["symbol"]
+    fig = _charts.frontier_scatter(_table())
+    assert fig.layout.shapes[0].y0 == pytest.approx(55.0)  # the pruned model's perplexity
