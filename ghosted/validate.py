@@ -320,17 +320,14 @@ def check_grid_model(cfg, facts: ModelFacts) -> None:
 
 
 def check_export(args) -> None:
-    """Config-only checks of ``export``: calibration, eps, the drop spec, ghost-auto's held-out windows,
-    an output folder that is not a file."""
+    """Config-only checks of ``export``: calibration, eps, the drop spec, ghost-auto's held-out windows.
+    The output folder is checked by ``ghosted.export.check_target_folder`` (called first by the CLI)."""
     check_calibration(args)
     check_eps(args.eps)
     if not check_drop_syntax(args.drop):
         raise ValueError("Give layers to drop (--drop), e.g. 20-26.")
     if args.method == "ghost-auto" and args.heldout_seqs < 1:
         raise ValueError("ghost-auto chooses on held-out calibration windows: give some (--heldout-seqs >= 1).")
-    if args.out and Path(args.out).expanduser().is_file():
-        raise ValueError(f"--out {args.out} is a file; name a folder for the model.")
-    check_out_dir(args.out, "--out")
 
 
 def check_export_model(args, facts: ModelFacts) -> list[int]:
