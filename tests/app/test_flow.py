@@ -48,16 +48,16 @@ def test_selection_reaches_other_pages(flow):
 
 def test_calibration_kept_across_pages(flow):
     stored = flow.session_state["ghosted.run"]
-    assert stored["methods"] == ["none", *METHODS]
-    assert set(stored["run"].results) == {"none", *METHODS}
-    assert stored["protocol"]["n_windows"] == 4 and stored["heldout_protocol"]["n_windows"] == 2
+    assert stored.methods == ["none", *METHODS]
+    assert set(stored.run.results) == {"none", *METHODS}
+    assert stored.protocol["n_windows"] == 4 and stored.heldout_protocol["n_windows"] == 2
 
 
 def test_perplexity_table(flow):
     open_page(flow, "compare")
     no_exception(flow)
     assert not errors(flow)
-    table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
+    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
     assert list(table.index) == ["dense", "pruned", *METHODS]
     assert (table.perplexity > 1).all()
     assert table.perplexity["dense"] < table.perplexity["pruned"]  # four layers gone always cost something
@@ -69,7 +69,7 @@ def test_perplexity_table(flow):
 
 def test_perplexity_figure_matches_table(flow):
     open_page(flow, "compare")
-    table = flow.session_state["ghosted.eval"]["table"]
+    table = flow.session_state["ghosted.run"].evaluation["table"]
     bars = figures(flow)[0]
     assert bars["data"][0]["type"] == "bar"
     assert bars["data"][0]["x"] == list(table.variant)
@@ -79,7 +79,7 @@ def test_perplexity_figure_matches_table(flow):
 
 def test_frontier_figure_matches_the_evaluated_parameters(flow):
     open_page(flow, "compare")
-    table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
+    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert (closed["name"], trained["name"]) == ("closed form", "trained")
@@ -109,7 +109,7 @@ def test_generations_side_by_side(flow):
     flow.number_input(key="new_tokens").set_value(4)
     flow.button(key="generate_run").click().run()
     no_exception(flow)
-    shown = flow.session_state["ghosted.generations"]
+    shown = flow.session_state["ghosted.run"].generations
     assert list(shown["outputs"]) == ["dense", "pruned", *METHODS]
     assert all(len(texts) == 1 for texts in shown["outputs"].values())
 
@@ -136,7 +136,7 @@ def test_learn_uses_the_run(flow):
 def test_learn_explains_the_sink_with_the_runs_numbers(flow):
     open_page(flow, "learn")
     no_exception(flow)
-    shares = flow.session_state["ghosted.run"]["frames"]["token_shares"].set_index("tokens")
+    shares = flow.session_state["ghosted.run"].frames["token_shares"].set_index("tokens")
     text = " ".join(m.value for m in flow.markdown)
     assert "attention sink" in text and f"{shares.loc['sink', 'delta_share']:.1%}" in text
     figs = figures(flow)
@@ -150,7 +150,7 @@ def test_learn_explains_the_sink_with_the_runs_numbers(flow):
 
 def test_compare_shows_the_sink_report(flow):
     open_page(flow, "compare")
-    report = flow.session_state["ghosted.run"]["frames"]["sinks"]
+    report = flow.session_state["ghosted.run"].frames["sinks"]
     assert list(report.boundary) == ["20-24"]
     assert any("share of ‖Δ‖² %" in d.value.columns for d in flow.dataframe)
 
