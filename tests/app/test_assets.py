@@ -126,13 +126,6 @@ def test_the_icon_is_a_png_and_app_py_sets_it_as_the_page_icon(monkeypatch):
     assert seen and Path(seen[-1]) == _assets.ICON
 
 
-def test_the_image_copies_the_assets():
-    ignored = [line.strip().rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
-    assert not any(pattern in ("assets", "assets/*", "*.md", "*.png", "*.txt") for pattern in ignored)
-    assert "COPY --chown=user . ." in (ROOT / "Dockerfile").read_text()
-
-
 @pytest.mark.parametrize("page", ["compare", "export", "learn"])
 def test_require_run_without_a_run_says_so_links_calibration_and_stops(app, page):
     open_page(app, page)
