@@ -12,9 +12,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import streamlit as st  # noqa: E402
 
-from pages import _ui  # noqa: E402
+from pages import _assets, _ui  # noqa: E402
 
-st.set_page_config(page_title="Ghosted", page_icon=":material/blur_on:", layout="wide")
+st.set_page_config(page_title="Ghosted", page_icon=_assets.ICON, layout="wide")
 _ui.init_state()
 PAGES = [
     st.Page("pages/model.py", title="Model", icon=":material/memory:", default=True),

@@ -110,3 +110,31 @@ def sink_spectra_frame(stats: BoundaryStats) -> pd.DataFrame:
     return pd.concat([pd.DataFrame({"boundary": f"{stats.start}-{stats.end}", "tokens": name,
                                     "index": np.arange(stats.dim), "singular_value": singular_values(gram)})
                       for name, gram in grams.items()], ignore_index=True)
+
+
+def removed_shares(errors: pd.DataFrame) -> pd.DataFrame:
+    """Share of ‖Δ‖² each method removes over all its gaps: 1 − (total boundary error) / (total ‖Δ‖²).
+
+    ``errors`` is ``RecoveryRun.errors()`` (rows "pruned" hold ‖Δ‖² per gap and split). Errors add over
+    gaps, so the run's total is the sum of each gap's error over the sum of each gap's ‖Δ‖² (the plainly
+    pruned model's), not a mean of the per-gap shares. One row per fitted method (in the frame's order),
+    one column per split present ("fit", "heldout"); 1 = every gap fully restored, 0 = plain pruning.
+    """
+    delta = errors[errors.method == "pruned"].set_index(["boundary", "split"]).error  # ‖Δ‖² per gap
+    frame = errors[errors.method != "pruned"]
+    sums = frame.groupby(["method", "split"], sort=False).error.sum()
+    totals = frame.drop_duplicates(["method", "boundary", "split"]).join(
+        delta.rename("delta"), on=["boundary", "split"]).groupby(["method", "split"], sort=False).delta.sum()
+    removed = (1 - sums / totals).rename("removed").reset_index()
+    table = removed.pivot(index="method", columns="split", values="removed")
+    return table.reindex(list(dict.fromkeys(frame.method))).reset_index()
+
+
+def directions_holding(singular_values, share: float = 0.9) -> int:
+    """How many leading directions carry ``share`` of the energy Σσ² (σ sorted largest first).
+
+    Small against the width: the discrepancy is concentrated in a few directions; near it: spread out.
+    """
+    values = np.sort(np.asarray(singular_values, dtype=np.float64))[::-1]
+    energy = np.cumsum(values**2) / max(float((values**2).sum()), 1e-300)
+    return int((energy < share).sum()) + 1

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ghosted.diagnostics import removed_shares
 from ghosted.recover import METHODS
 
 PRUNED = "pruned"
-ZEROSHOT = "ghosted.zeroshot"  # session key: zero-shot scores of a run (the Compare page writes, Learn reads)
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, legend=dict(orientation="h", y=-0.2))
 
@@ -106,13 +106,6 @@ def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.round(2).rename_axis(index="variant", columns=None).reset_index()
 
 
-def zeroshot_of(state, run_stored: dict) -> dict | None:
-    """The zero-shot scores in ``state`` (the session state), if they were made for this very run
-    (the stored run already belongs to the current model)."""
-    scored = state.get(ZEROSHOT)
-    return scored if scored and scored["run_id"] == id(run_stored["run"]) else None
-
-
 def accuracy_bars(frame: pd.DataFrame) -> go.Figure:
     """Accuracy of each variant, one group of bars per task (and the average), stderr as error bars."""
     acc = frame[frame.metric == "acc"]
@@ -176,7 +169,7 @@ def sink_spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
 
 def removed_bars(errors: pd.DataFrame) -> go.Figure:
     """Share of ‖Δ‖² each method removes, on fit and held-out tokens."""
-    table = removed_table(errors)
+    table = removed_shares(errors)
     fig = go.Figure()
     for split in [c for c in ("fit", "heldout") if c in table]:
         fig.add_trace(go.Bar(x=table.method.tolist(), y=table[split].tolist(), name=split,
@@ -186,21 +179,9 @@ def removed_bars(errors: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def removed_table(errors: pd.DataFrame) -> pd.DataFrame:
-    """Method x split share of ‖Δ‖² removed, summed over gaps (total error / total ‖Δ‖²)."""
-    delta = errors[errors.method == PRUNED].set_index(["boundary", "split"]).error  # ‖Δ‖² per gap
-    frame = errors[errors.method != PRUNED]
-    sums = frame.groupby(["method", "split"], sort=False).error.sum()
-    totals = frame.drop_duplicates(["method", "boundary", "split"]).join(
-        delta.rename("delta"), on=["boundary", "split"]).groupby(["method", "split"], sort=False).delta.sum()
-    removed = (1 - sums / totals).rename("removed").reset_index()
-    table = removed.pivot(index="method", columns="split", values="removed")
-    return table.reindex(list(dict.fromkeys(frame.method))).reset_index()
-
-
 def error_table(errors: pd.DataFrame, run) -> pd.DataFrame:
     """One row per fitted method: % of ‖Δ‖² removed (fit, held-out) and solve time."""
-    table = removed_table(errors).rename(columns={"fit": "removed (fit) %", "heldout": "removed (held-out) %"})
+    table = removed_shares(errors).rename(columns={"fit": "removed (fit) %", "heldout": "removed (held-out) %"})
     for column in ("removed (fit) %", "removed (held-out) %"):
         if column in table:
             table[column] = (100 * table[column]).round(1)

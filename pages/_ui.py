@@ -11,7 +11,9 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 import torch
@@ -24,18 +26,22 @@ from ghosted.loading import LoadedModel, ModelLoadError, source_kind
 from ghosted.pruning import format_layers
 from ghosted.text import SourceUnavailableError
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ghosted.pipeline import RunConfig
+    from ghosted.recover import RecoveryRun
+
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
 SELECTION = "ghosted.selection"  # list[int]: the layers to drop
 REASON = "ghosted.selection_reason"  # str: why a preset chose the selection
 INFLUENCE = "ghosted.layer_influence"  # dict: model key, settings and the influence report
-RUN = "ghosted.run"  # dict: model key, settings, RecoveryRun and its frames
-EVAL = "ghosted.eval"  # dict: perplexity table and protocol of the current run
-GENERATIONS = "ghosted.generations"  # dict: prompts and each variant's continuations
+RUN = "ghosted.run"  # StoredRun: the current calibration and what was measured on it
 BUSY = "ghosted.busy"  # name of the job now running, or None
 FRAMED = "ghosted.framed"  # set by app.py while it runs a page
 DEEP_LINK = "ghosted.deep_link"  # page asked for before app.py had ever run on this server
-RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVAL, GENERATIONS)  # what a model switch invalidates
+RESULTS = (SELECTION, REASON, INFLUENCE, RUN)  # what a model switch invalidates
 
 # What a user can cause (a wrong value or kind of value, a missing or unreadable file, a model or text that
 # cannot be loaded): shown with st.error and its message, never as a traceback (st.exception).
@@ -150,10 +156,49 @@ def stored(key: str) -> dict | None:
     return value if value and value.get("model") == current_key() else None
 
 
-def evaluation_of(run_stored: dict) -> dict | None:
-    """The stored perplexity evaluation, if it was made for this very run (not an earlier one)."""
-    evaluated = stored(EVAL)
-    return evaluated if evaluated and evaluated["run_id"] == id(run_stored["run"]) else None
+@dataclass
+class StoredRun:
+    """One calibration of this session: the fitted run, how it was made, and what was measured on it since.
+
+    The Calibrate & recover page stores it (``store_run``); every other page reads it through ``require_run``
+    or ``current_run``. Results measured later hang on the run itself, so a new run replaces them all at
+    once and an evaluation can never be shown next to another run than its own.
+    """
+
+    model: str  # key of the model it was fitted on (``model_key``)
+    run: RecoveryRun  # the operators and the recovered models, from ``ghosted.recover``
+    config: RunConfig  # the settings, as ``python -m ghosted run`` takes them
+    layers: list[int]  # the dropped layers
+    methods: list[str]  # "none" (plain pruning) first, then every fitted method
+    frames: dict[str, pd.DataFrame]  # the run's tidy frames for display (errors, spectra, sinks, ...)
+    protocol: dict  # the calibration windows (source, part, count, length, seed)
+    heldout_protocol: dict | None  # the held-out windows; None when none were held out
+    seconds: float  # wall time of the calibration and every fit
+    evaluation: dict | None = None  # Compare page: perplexity, size and latency table, and its protocol
+    zeroshot: dict | None = None  # Compare page: zero-shot accuracy frame, protocols, skipped tasks, notes
+    generations: dict | None = None  # Compare page: prompts and each variant's continuations
+
+
+def store_run(stored_run: StoredRun) -> None:
+    """Make ``stored_run`` this session's run (what an earlier run measured goes with it)."""
+    st.session_state[RUN] = stored_run
+
+
+def current_run() -> StoredRun | None:
+    """This session's run, if it was fitted on the current model."""
+    stored_run = st.session_state.get(RUN)
+    return stored_run if stored_run is not None and stored_run.model == current_key() else None
+
+
+def require_run(needed_for: str) -> StoredRun:
+    """This session's run; without one, say what it is needed for, link the page that makes it, stop."""
+    stored_run = current_run()
+    if stored_run is None:
+        st.info(f"{needed_for}: calibrate and fit the recovery methods first (a small run takes seconds).",
+                icon=":material/healing:")
+        st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
+        st.stop()
+    return stored_run
 
 
 @contextmanager
@@ -251,8 +296,8 @@ def sidebar() -> None:
         st.success(f"**{info['name']}**  \n{info['device']} · {info['dtype']} · {info['layers']} layers",
                    icon=":material/memory:")
         st.markdown(f"**Layers to drop:** {selection_text(loaded.model, selection())}")
-        if run := stored(RUN):
-            st.caption(f"Recovered: {', '.join(label(m) for m in run['methods'])}")
+        if run := current_run():
+            st.caption(f"Recovered: {', '.join(label(m) for m in run.methods)}")
 
 
 def label(method: str) -> str:

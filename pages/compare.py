@@ -8,17 +8,16 @@ from ghosted.evaluation import forward_latency, perplexity
 from ghosted.generation import GenerationConfig, generate
 from ghosted.text import evaluation_windows
 from ghosted.zeroshot import evaluate_tasks, parse_tasks
-from pages import _charts, _text, _ui
+from pages import _assets, _charts, _text, _ui
 
 LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
 BUNDLED_TASK = "bundled-lastword"  # the offline task (ghosted.lastword)
 DEMO_MAX_EXAMPLES = 100  # examples per task in a restricted (public demo) deployment
-PROMPTS = "The capital of France is\nIn 1905, Albert Einstein"
 
 
-def variants(lm, stored: dict) -> dict:
+def variants(lm, stored: _ui.StoredRun) -> dict:
     """Dense model first, then the pruned one, then each recovered model (new objects)."""
-    run = stored["run"]
+    run = stored.run
     return {"dense": lm.model, **{_ui.label(m): r.model for m, r in run.results.items()}}
 
 
@@ -47,13 +46,13 @@ def score(models: dict, windows, batch: int, progress) -> dict:
                         progress=lambda done, total: progress("perplexity", done, total))
 
 
-def evaluate(lm, stored: dict, form: dict, progress) -> dict:
+def evaluate(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
     """Perplexity, size and latency of every variant, as one plain table with its protocol."""
     _ui.deployment().check_eval(form["tokens"])
     progress("tokenising", 0, 1)
     windows = evaluation_windows(lm.tokenizer, form["text"](), form["tokens"], form["window"])
     models = variants(lm, stored)
-    results = score(models, windows, stored["config"].batch_size, progress)
+    results = score(models, windows, stored.config.batch_size, progress)
     prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
     rows = []
     for i, (name, model) in enumerate(models.items()):
@@ -65,8 +64,7 @@ def evaluate(lm, stored: dict, form: dict, progress) -> dict:
                      "memory (MB)": facts["memory_mb"],
                      "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
     protocol = dict(next(iter(results.values())).protocol)
-    return {"model": stored["model"], "run_id": id(stored["run"]), "table": pd.DataFrame(rows),
-            "protocol": protocol}
+    return {"table": pd.DataFrame(rows), "protocol": protocol}
 
 
 def show_perplexity(result: dict) -> None:
@@ -96,9 +94,9 @@ def show_frontier(result: dict) -> None:
                "a rank-R one 2·d·R.")
 
 
-def show_boundary(stored: dict) -> None:
+def show_boundary(stored: _ui.StoredRun) -> None:
     """Share of ‖Δ‖² removed, anti-symmetric share of M, and the spectra, from the fit's statistics."""
-    frames = stored["frames"]
+    frames = stored.frames
     st.subheader("How much of the discrepancy each method removes")
     left, right = st.columns([3, 2])
     left.plotly_chart(_charts.removed_bars(frames["errors"]), key="removed_chart")
@@ -116,9 +114,9 @@ def show_boundary(stored: dict) -> None:
     st.plotly_chart(_charts.spectra_lines(spectra, chosen), key="spectra_chart")
 
 
-def show_sinks(stored: dict) -> None:
+def show_sinks(stored: _ui.StoredRun) -> None:
     """The sink report: how many tokens, where, and their share of ‖Δ‖² and of XᵀX, per gap."""
-    report = stored["frames"].get("sinks")
+    report = stored.frames.get("sinks")
     if report is None or not len(report):
         return
     with st.expander("Attention sinks at each boundary (why ghost-robust exists)"):
@@ -129,7 +127,7 @@ def show_sinks(stored: dict) -> None:
         st.caption("Sink tokens: the first token of each window (and, if set, tokens whose norm exceeds a "
                    "multiple of the median). RMS norms are of X (entering the removed block) and Y (leaving "
                    "it). The Learn page explains what a large share does to the paper's fit.")
-        positions = stored["frames"].get("positions")
+        positions = stored.frames.get("positions")
         if positions is not None and len(positions):
             boundary = report.boundary.iloc[0]
             st.plotly_chart(_charts.position_share_bars(positions, boundary), key="sink_positions")
@@ -153,16 +151,15 @@ def zeroshot_form(cfg) -> dict:
     return {"tasks": tasks, "limit": int(limit)}
 
 
-def zeroshot(lm, stored: dict, form: dict, progress) -> dict:
+def zeroshot(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
     """Accuracy of every variant on the chosen tasks (bundled-lastword shares the variants' prefix)."""
     if not form["tasks"]:
         raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
     notes: list[str] = []
     run = evaluate_tasks(variants(lm, stored), lm.tokenizer, form["tasks"], limit=form["limit"],
-                         batch_size=stored["config"].batch_size, progress=progress, show_tqdm=False,
+                         batch_size=stored.config.batch_size, progress=progress, show_tqdm=False,
                          say=notes.append)
-    return {"model": stored["model"], "run_id": id(stored["run"]), "frame": run.frame,
-            "protocols": run.protocols, "skipped": run.skipped, "notes": notes}
+    return {"frame": run.frame, "protocols": run.protocols, "skipped": run.skipped, "notes": notes}
 
 
 def show_zeroshot(scored: dict) -> None:
@@ -184,7 +181,7 @@ def show_zeroshot(scored: dict) -> None:
                      "when every token of the last word is the model's top choice.")
 
 
-def zeroshot_section(lm, stored: dict) -> None:
+def zeroshot_section(lm, stored: _ui.StoredRun) -> None:
     """The zero-shot section: form, job, results."""
     st.subheader("Zero-shot accuracy")
     st.caption("What pruning costs in answers, not only in perplexity (the paper reports both).")
@@ -192,20 +189,19 @@ def zeroshot_section(lm, stored: dict) -> None:
     result = _ui.run_job("zeroshot", "Scoring zero-shot accuracy",
                          lambda progress: zeroshot(lm, stored, form, progress))
     if result:
-        st.session_state[_charts.ZEROSHOT] = result
+        stored.zeroshot = result
         st.rerun()
-    scored = _charts.zeroshot_of(st.session_state, stored)
-    if scored:
-        show_zeroshot(scored)
+    if stored.zeroshot:
+        show_zeroshot(stored.zeroshot)
 
 
 @st.fragment
-def generations(lm, stored: dict) -> None:
+def generations(lm, stored: _ui.StoredRun) -> None:
     """Sample continuations side by side; reruns alone, the rest of the page stays as it is."""
     st.subheader("Generations")
     cfg = _ui.deployment()
     with st.form("generate_form"):
-        prompts = st.text_area("Prompts, one per line", PROMPTS, key="prompts")
+        prompts = st.text_area("Prompts, one per line", "\n".join(_assets.prompts()), key="prompts")
         left, right = st.columns(2)
         new_tokens = left.number_input("New tokens", 1, 2048, 24, key="new_tokens")
         chat = right.checkbox("Use the chat template", help="for instruct models")
@@ -217,8 +213,8 @@ def generations(lm, stored: dict) -> None:
             gen = GenerationConfig(max_new_tokens=int(new_tokens), chat=chat)
             with st.spinner("Generating..."):
                 outputs = {name: generate(m, lm.tokenizer, lines, gen) for name, m in variants(lm, stored).items()}
-            st.session_state[_ui.GENERATIONS] = {"model": stored["model"], "prompts": lines, "outputs": outputs}
-    shown = _ui.stored(_ui.GENERATIONS)
+            stored.generations = {"prompts": lines, "outputs": outputs}
+    shown = stored.generations
     for i, prompt in enumerate(shown["prompts"] if shown else []):
         st.markdown(f"**{prompt}**")
         for col, (name, texts) in zip(st.columns(len(shown["outputs"])), shown["outputs"].items()):
@@ -229,20 +225,15 @@ def generations(lm, stored: dict) -> None:
 _ui.require_frame(__file__)
 st.title("Compare")
 lm = _ui.require_model()
-stored = _ui.stored(_ui.RUN)
-if not stored:
-    st.info("Nothing to compare yet: calibrate and fit the recovery methods first.", icon=":material/healing:")
-    st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
-    st.stop()
-st.caption(f"Layers {', '.join(map(str, stored['layers']))} dropped; variants: dense, "
-           f"{', '.join(_ui.label(m) for m in stored['methods'])}.")
+stored = _ui.require_run("Nothing to compare yet")
+st.caption(f"Layers {', '.join(map(str, stored.layers))} dropped; variants: dense, "
+           f"{', '.join(_ui.label(m) for m in stored.methods)}.")
 form = eval_form(_ui.deployment())
 result = _ui.run_job("evaluate", "Scoring every variant", lambda progress: evaluate(lm, stored, form, progress))
 if result:
-    st.session_state[_ui.EVAL] = result
+    stored.evaluation = result
     st.rerun()
-evaluated = _ui.evaluation_of(stored)
-if evaluated:
+if evaluated := stored.evaluation:
     show_perplexity(evaluated)
     st.subheader("Size and speed")
     st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],

@@ -13,18 +13,18 @@ from ghosted.pipeline import versions
 from pages import _ui
 
 
-def recipe(lm, stored: dict, evaluated: dict | None) -> dict:
+def recipe(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
     """Everything needed to redo the run: model, layers, calibration protocol, methods, versions."""
-    cfg = stored["config"]
+    cfg = stored.config
     if evaluated:
         p = evaluated["protocol"]
         cfg = replace(cfg, eval=p["source"], eval_tokens=p["n_windows"] * p["seq_len"], eval_seq_len=p["seq_len"])
     return {
         "format": "ghosted-app-recipe", "model": {"name": lm.name, "source": lm.source, "kind": lm.kind,
                                                   "revision": lm.revision, "dtype": lm.dtype, "device": lm.device},
-        "dropped_layers": stored["layers"], "dropped_spec": cfg.drop, "methods": stored["methods"],
-        "calibration": stored["protocol"], "heldout": stored["heldout_protocol"],
-        "recovery": asdict(stored["run"].config), "run_config": asdict(cfg),
+        "dropped_layers": stored.layers, "dropped_spec": cfg.drop, "methods": stored.methods,
+        "calibration": stored.protocol, "heldout": stored.heldout_protocol,
+        "recovery": asdict(stored.run.config), "run_config": asdict(cfg),
         "evaluation": evaluated["protocol"] if evaluated else None,
         "command": command(cfg), "versions": versions(),
     }
@@ -40,9 +40,9 @@ def command(cfg) -> str:
     return " \\\n  ".join(["python -m ghosted run", *(f"--{k} {v}" for k, v in flags.items())])
 
 
-def report(lm, stored: dict, evaluated: dict | None) -> dict:
+def report(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
     """Results as JSON: perplexities with their protocol, boundary errors, asymmetry, recipe."""
-    frames = stored["frames"]
+    frames = stored.frames
     return {"recipe": recipe(lm, stored, evaluated),
             "perplexity": evaluated["table"].to_dict("records") if evaluated else None,
             "boundary_errors": frames["errors"].to_dict("records"),
@@ -62,14 +62,14 @@ def zipped(model, lm, run) -> bytes:
     return buffer.getvalue()
 
 
-def model_section(cfg, lm, stored: dict) -> None:
+def model_section(cfg, lm, stored: _ui.StoredRun) -> None:
     """The chosen variant as a zip (built on click) or saved to a folder; off where not allowed."""
     st.subheader("Recovered model")
     if not cfg.allow_model_download:
         st.info(f"Model download is off in the {cfg.name} deployment. Run Ghosted on a workstation "
                 "(or use the recipe above with `python -m ghosted run`) to get the weights.")
         return
-    run = stored["run"]
+    run = stored.run
     names = list(run.results)
     method = st.selectbox("Variant", names, format_func=_ui.label, index=min(1, len(names) - 1))
     model = run.results[method].model
@@ -106,12 +106,8 @@ def save_to(model, lm, run, target: str, overwrite: bool = False) -> None:
 _ui.require_frame(__file__)
 st.title("Export")
 lm = _ui.require_model()
-stored = _ui.stored(_ui.RUN)
-if not stored:
-    st.info("Nothing to export yet: calibrate and fit first.", icon=":material/healing:")
-    st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
-    st.stop()
-evaluated = _ui.evaluation_of(stored)
+stored = _ui.require_run("Nothing to export yet")
+evaluated = stored.evaluation
 st.subheader("Results")
 cols = st.columns(3)
 if evaluated:
@@ -119,7 +115,7 @@ if evaluated:
                             "ghosted_perplexity.csv", "text/csv")
 else:
     cols[0].caption("Evaluate perplexity on the Compare page to export it.")
-cols[1].download_button("Boundary errors (CSV)", stored["frames"]["errors"].to_csv(index=False),
+cols[1].download_button("Boundary errors (CSV)", stored.frames["errors"].to_csv(index=False),
                         "ghosted_boundary_errors.csv", "text/csv")
 cols[2].download_button("Full report (JSON)", json.dumps(report(lm, stored, evaluated), indent=2, default=str),
                         "ghosted_report.json", "application/json")

@@ -1,16 +1,15 @@
 """Influence page: how much each layer and block changes the stream, and which layers to drop."""
 
-import pandas as pd
 import streamlit as st
 
 from ghosted.arch import num_layers
-from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
+from ghosted.layer_influence import CRITERIA, RECOVERABILITY, InfluenceConfig, influence
 from ghosted.pipeline import split_calibration
 from ghosted.selection import select
 from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui
 
-RECOVERABILITY = ("recoverability", "recoverability_heldout")  # Gram blocks: computed for chosen n only
+HELDOUT_WINDOWS = 4  # held-out windows drawn when a criterion needs them (cost "heldout")
 DEFAULT_CRITERIA = ("streamline_cosine", "angular_all", "block_influence", "recoverability")
 REASON, PRESET_ERROR = _ui.REASON, "ghosted.preset_error"
 PRESETS = {  # preset -> (criterion, what it picks)
@@ -50,33 +49,21 @@ def influence_form(cfg, n_layers: int) -> dict:
 
 
 def compute(lm, form: dict, progress) -> dict:
-    """Similarity criteria for every n in one pass; recoverability only for the chosen n."""
+    """Every chosen criterion from one influence call: similarities for every n, recoverability (the
+    criteria whose Gram blocks grow with n) for the chosen n only."""
     if not form["metrics"]:
         raise ValueError("Choose at least one criterion.")
-    heldout = 4 if "recoverability_heldout" in form["metrics"] else 0
+    if set(form["metrics"]) & RECOVERABILITY and not form["rec_n"]:
+        raise ValueError("Recoverability needs at least one block size n.")
+    heldout = HELDOUT_WINDOWS if any(CRITERIA[m].cost == "heldout" for m in form["metrics"]) else 0
     _ui.deployment().check_criteria(form["metrics"])  # demo: no pass per layer, no backward pass
     _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"], heldout)
     progress("tokenising", 0, 1)
     windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"] + heldout, form["seq_len"], seed=0)
     fit, held = split_calibration(windows, heldout)
-    cheap = [m for m in form["metrics"] if m not in RECOVERABILITY]
-    costly = [m for m in form["metrics"] if m in RECOVERABILITY]
-    if costly and not form["rec_n"]:
-        raise ValueError("Recoverability needs at least one block size n.")
-    reports = []
-    if cheap:
-        reports.append(influence(lm.model, fit, InfluenceConfig(metrics=cheap), progress=progress, show_tqdm=False))
-    if costly:
-        reports.append(influence(lm.model, fit, InfluenceConfig(metrics=costly, n_values=sorted(form["rec_n"])),
-                                 heldout=held, progress=progress, show_tqdm=False))
-    return {"model": _ui.current_key(), "report": merged(reports), "protocol": fit.protocol}
-
-
-def merged(reports: list) -> InfluenceReport:
-    """One report from the cheap pass (every n) and the recoverability pass (chosen n)."""
-    return InfluenceReport(blocks=pd.concat([r.blocks for r in reports], ignore_index=True),
-                           layers=pd.concat([r.layers for r in reports], ignore_index=True),
-                           num_layers=reports[0].num_layers, meta={"passes": [r.meta for r in reports]})
+    config = InfluenceConfig(metrics=list(form["metrics"]), recoverability_n_values=sorted(form["rec_n"]) or None)
+    report = influence(lm.model, fit, config, heldout=held, progress=progress, show_tqdm=False)
+    return {"model": _ui.current_key(), "report": report, "protocol": fit.protocol}
 
 
 def on_bar_click() -> None:

@@ -53,7 +53,7 @@ def settings_form(cfg) -> dict | None:
                 methods=list(methods), mode=mode, batch=int(batch), granularity=granularity)
 
 
-def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
+def calibrate(lm, layers: list[int], form: dict, progress) -> _ui.StoredRun:
     """Windows, statistics and every method's operator; plain frames for display."""
     cfg = _ui.deployment()
     _ui.check_selection(lm.model, layers)
@@ -76,21 +76,20 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> dict:
     frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
               "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
               "positions": run.position_shares(), "choices": run.choices()}
-    return {"model": _ui.current_key(), "run": run, "config": run_cfg, "methods": methods,
-            "layers": layers, "frames": frames, "protocol": fit.protocol,
-            "heldout_protocol": held.protocol if held else None,
-            "seconds": time.perf_counter() - started}
+    return _ui.StoredRun(model=_ui.current_key(), run=run, config=run_cfg, methods=methods, layers=layers,
+                         frames=frames, protocol=fit.protocol, heldout_protocol=held.protocol if held else None,
+                         seconds=time.perf_counter() - started)
 
 
-def summary(stored: dict) -> None:
+def summary(stored: _ui.StoredRun) -> None:
     """What the last run fitted, how well, and how long it took."""
-    run, proto = stored["run"], stored["protocol"]
-    st.subheader(f"Run: layers {format_layers(stored['layers'])} dropped")
+    run, proto = stored.run, stored.protocol
+    st.subheader(f"Run: layers {format_layers(stored.layers)} dropped")
     st.caption(f"Fitted on {proto['n_windows']} x {proto['seq_len']} tokens of {proto['source']} "
-               f"({proto['part']} part, seed {proto.get('seed')}); {stored['seconds']:.1f} s in all"
+               f"({proto['part']} part, seed {proto.get('seed')}); {stored.seconds:.1f} s in all"
                + "".join(f"; {name} statistics {how}" for name, how in getattr(run, "statistics", {}).items())
                + ".")
-    st.dataframe(_charts.error_table(stored["frames"]["errors"], run), hide_index=True)
+    st.dataframe(_charts.error_table(stored.frames["errors"], run), hide_index=True)
     st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
                "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")
     tokens, width = proto["n_windows"] * proto["seq_len"], hidden_size(run.results["none"].model)
@@ -117,9 +116,7 @@ form = settings_form(_ui.deployment())
 result = _ui.run_job("calibrate", "Calibrating and fitting",
                      lambda progress: calibrate(lm, layers, form, progress))
 if result:
-    st.session_state[_ui.RUN] = result
-    for key in (_ui.EVAL, _ui.GENERATIONS):
-        st.session_state.pop(key, None)
+    _ui.store_run(result)
     st.rerun()
-if stored := _ui.stored(_ui.RUN):
+if stored := _ui.current_run():
     summary(stored)

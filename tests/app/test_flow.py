@@ -5,6 +5,7 @@ Small settings keep it cheap on a shared CPU: 4 x 64 calibration tokens (+2 held
 """
 
 import json
+import re
 
 import pytest
 import streamlit as st
@@ -48,16 +49,16 @@ def test_selection_reaches_other_pages(flow):
 
 def test_calibration_kept_across_pages(flow):
     stored = flow.session_state["ghosted.run"]
-    assert stored["methods"] == ["none", *METHODS]
-    assert set(stored["run"].results) == {"none", *METHODS}
-    assert stored["protocol"]["n_windows"] == 4 and stored["heldout_protocol"]["n_windows"] == 2
+    assert stored.methods == ["none", *METHODS]
+    assert set(stored.run.results) == {"none", *METHODS}
+    assert stored.protocol["n_windows"] == 4 and stored.heldout_protocol["n_windows"] == 2
 
 
 def test_perplexity_table(flow):
     open_page(flow, "compare")
     no_exception(flow)
     assert not errors(flow)
-    table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
+    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
     assert list(table.index) == ["dense", "pruned", *METHODS]
     assert (table.perplexity > 1).all()
     assert table.perplexity["dense"] < table.perplexity["pruned"]  # four layers gone always cost something
@@ -69,7 +70,7 @@ def test_perplexity_table(flow):
 
 def test_perplexity_figure_matches_table(flow):
     open_page(flow, "compare")
-    table = flow.session_state["ghosted.eval"]["table"]
+    table = flow.session_state["ghosted.run"].evaluation["table"]
     bars = figures(flow)[0]
     assert bars["data"][0]["type"] == "bar"
     assert bars["data"][0]["x"] == list(table.variant)
@@ -79,7 +80,7 @@ def test_perplexity_figure_matches_table(flow):
 
 def test_frontier_figure_matches_the_evaluated_parameters(flow):
     open_page(flow, "compare")
-    table = flow.session_state["ghosted.eval"]["table"].set_index("variant")
+    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert (closed["name"], trained["name"]) == ("closed form", "trained")
@@ -103,13 +104,21 @@ def test_spectra_and_errors_figures(flow):
     assert all(len(t["y"]) == 576 for t in spectra["data"])
 
 
+def test_generation_prompts_default_to_the_assets_file(flow):
+    """(Before the next test, which types its own prompt.)"""
+    from pages import _assets
+
+    open_page(flow, "compare")
+    assert flow.text_area(key="prompts").value.splitlines() == _assets.prompts()
+
+
 def test_generations_side_by_side(flow):
     open_page(flow, "compare")
     flow.text_area(key="prompts").set_value("The capital of France is")
     flow.number_input(key="new_tokens").set_value(4)
     flow.button(key="generate_run").click().run()
     no_exception(flow)
-    shown = flow.session_state["ghosted.generations"]
+    shown = flow.session_state["ghosted.run"].generations
     assert list(shown["outputs"]) == ["dense", "pruned", *METHODS]
     assert all(len(texts) == 1 for texts in shown["outputs"].values())
 
@@ -133,10 +142,42 @@ def test_learn_uses_the_run(flow):
     assert len(figures(flow)) >= 2
 
 
+def test_learn_fills_its_texts_with_the_runs_numbers(flow):
+    """Every text of the Learn page comes from assets/learn/, filled: no placeholder reaches the user."""
+    from pages import _assets
+
+    open_page(flow, "learn")
+    no_exception(flow)
+    shown = [e.value for kind in ("markdown", "caption", "info", "warning") for e in flow.get(kind)]
+    assert not [text for text in shown if re.search(r"\{[A-Za-z_]\w*(:[^}]*)?\}", text)]
+    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
+    expected = [_assets.learn("stream", "intro", width=576, layers=30),
+                _assets.learn("pruning", "missing", layers="20-23", start=20, end=24, last=23),
+                _assets.learn("pruning", "perplexity", dense=table.perplexity["dense"],
+                              pruned=table.perplexity["pruned"])]
+    assert all(text in shown for text in expected)
+    assert "**20-23**" in expected[1] and f"**{table.perplexity['dense']:.2f}** (dense)" in expected[2]
+
+
+def test_learn_shows_the_frontier_of_the_run(flow):
+    open_page(flow, "learn")
+    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
+    frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
+    closed, trained = frontier["data"]
+    assert closed["text"] == METHODS and not trained.get("x")
+    added = {m: int(table.parameters[m] - table.parameters["pruned"]) for m in METHODS}
+    assert closed["x"] == [added[m] for m in METHODS]
+    best = min(METHODS, key=lambda m: table.perplexity[m])  # the best closed-form fit, named in the text
+    text = " ".join(m.value for m in flow.markdown)
+    assert f"**{best}**: perplexity **{table.perplexity[best]:.2f}** for **{added[best]:,}** added" in text
+    assert "None of your methods is trained" in text
+    assert f"d² = **{576 * 576:,}**" in text
+
+
 def test_learn_explains_the_sink_with_the_runs_numbers(flow):
     open_page(flow, "learn")
     no_exception(flow)
-    shares = flow.session_state["ghosted.run"]["frames"]["token_shares"].set_index("tokens")
+    shares = flow.session_state["ghosted.run"].frames["token_shares"].set_index("tokens")
     text = " ".join(m.value for m in flow.markdown)
     assert "attention sink" in text and f"{shares.loc['sink', 'delta_share']:.1%}" in text
     figs = figures(flow)
@@ -150,7 +191,7 @@ def test_learn_explains_the_sink_with_the_runs_numbers(flow):
 
 def test_compare_shows_the_sink_report(flow):
     open_page(flow, "compare")
-    report = flow.session_state["ghosted.run"]["frames"]["sinks"]
+    report = flow.session_state["ghosted.run"].frames["sinks"]
     assert list(report.boundary) == ["20-24"]
     assert any("share of ‖Δ‖² %" in d.value.columns for d in flow.dataframe)
 

@@ -59,3 +59,44 @@ def test_preset_without_its_values_explains_what_to_do(measured):
     no_exception(measured)
     assert any("Add 7 to 'Block sizes n for recoverability'" in e for e in errors(measured))
     assert measured.session_state["ghosted.selection"] == []
+
+
+def test_the_criteria_offered_are_the_librarys_table(app):
+    from ghosted.layer_influence import CRITERIA
+
+    open_page(app, "influence")
+    box = app.multiselect(key="influence_metrics")
+    assert len(box.options) == len(CRITERIA)
+    assert [option.split(" (")[0] for option in box.options] == list(CRITERIA)
+    assert set(box.value) <= set(CRITERIA)
+
+
+def test_every_criterion_comes_from_one_influence_call_with_recoverability_token(app):
+    """recoverability_token once asked for every block size (5 GB of sums) and failed; now its Gram sums,
+    like every recoverability criterion's, cover the chosen n only, and all criteria come from one call."""
+    from ghosted.layer_influence import InfluenceConfig, influence
+    from ghosted.pipeline import split_calibration
+    from ghosted.text import calibration_windows
+    from pages._ui import MODEL, load_cached
+
+    chosen = ["streamline_cosine", "block_influence", "recoverability_token", "recoverability_heldout"]
+    open_page(app, "influence")
+    app.number_input(key="influence_seqs").set_value(4)
+    app.number_input(key="influence_len").set_value(64)
+    app.multiselect(key="influence_rec_n").set_value([4])
+    app.multiselect(key="influence_metrics").set_value(chosen)
+    app.button(key="influence_run").click().run()
+    no_exception(app)
+    assert not errors(app)
+    report = app.session_state["ghosted.layer_influence"]["report"]
+    assert report.meta["metrics"] == chosen and report.meta["recoverability_n_values"] == [4]  # one call
+    blocks = report.blocks
+    assert blocks[blocks.metric == "streamline_cosine"].n.nunique() == 29  # similarities: every n
+    for metric in ("recoverability_token", "recoverability_heldout"):
+        assert set(blocks[blocks.metric == metric].n) == {4} and len(blocks[blocks.metric == metric]) == 27
+
+    lm = load_cached(**app.session_state[MODEL])  # the same numbers from the library, called directly
+    fit, held = split_calibration(calibration_windows(lm.tokenizer, "bundled:news", 4 + 4, 64, seed=0), 4)
+    direct = influence(lm.model, fit, InfluenceConfig(metrics=["recoverability_token"], n_values=[4]),
+                       show_tqdm=False).matrix("recoverability_token")
+    assert report.matrix("recoverability_token").to_numpy() == pytest.approx(direct.to_numpy(), rel=1e-6)

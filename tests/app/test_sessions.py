@@ -14,7 +14,7 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from ghosted.arch import layers_of
-from pages._ui import EVAL, MODEL, RUN, load_cached
+from pages._ui import MODEL, RUN, load_cached
 from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, no_exception, open_page
 
 SESSIONS = {"a": ([20, 21], ["ghost"]), "b": ([9, 10, 11], ["linearpatch-diag"])}  # layers, methods
@@ -68,11 +68,11 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
     for name, at in sessions.items():
         layers, methods = SESSIONS[name]
         run = at.session_state[RUN]
-        assert run["layers"] == layers and run["methods"] == ["none", *methods]
-        assert set(run["run"].results) == {"none", *methods} and run["run"].dropped == layers
-        table = at.session_state[EVAL]["table"].set_index("variant")
+        assert run.layers == layers and run.methods == ["none", *methods]
+        assert set(run.run.results) == {"none", *methods} and run.run.dropped == layers
+        table = at.session_state[RUN].evaluation["table"].set_index("variant")
         assert list(table.index) == ["dense", "pruned", *methods]
-    table_a, table_b = (at.session_state[EVAL]["table"].set_index("variant") for at in (a, b))
+    table_a, table_b = (at.session_state[RUN].evaluation["table"].set_index("variant") for at in (a, b))
     assert table_a.perplexity["dense"] == pytest.approx(table_b.perplexity["dense"], rel=1e-6)  # same model
     assert table_a.perplexity["pruned"] != pytest.approx(table_b.perplexity["pruned"], rel=1e-3)
     assert table_a["parameters (M)"]["pruned"] > table_b["parameters (M)"]["pruned"]  # 2 layers vs 3 gone
@@ -84,7 +84,7 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
         assert any(f"Layers {', '.join(map(str, layers))} dropped" in c.value for c in at.caption)
         shown = next(d.value for d in at.dataframe if "perplexity" in d.value.columns)
         assert list(shown.variant) == ["dense", "pruned", *methods]
-        assert list(shown.perplexity) == pytest.approx(list(at.session_state[EVAL]["table"].perplexity))
+        assert list(shown.perplexity) == pytest.approx(list(at.session_state[RUN].evaluation["table"].perplexity))
 
     assert load_cached(**a.session_state[MODEL]).model is model  # still the same cached object
     assert fingerprint(model) == before

@@ -120,7 +120,7 @@ def test_dockerignore_keeps_the_local_environment_out():
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     assert ".venv/" in ignored and ".git/" in ignored
-    for needed in ("app.py", "pages/", "ghosted/", "scripts/", "requirements.txt", ".streamlit/"):
+    for needed in ("app.py", "pages/", "assets/", "ghosted/", "scripts/", "requirements.txt", ".streamlit/"):
         assert needed not in ignored and (ROOT / needed).exists(), needed
 
 
