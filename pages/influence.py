@@ -65,10 +65,10 @@ def compute(lm, form: dict, progress) -> dict:
         raise ValueError("Recoverability needs at least one block size n.")
     reports = []
     if cheap:
-        reports.append(influence(lm.model, fit, InfluenceConfig(metrics=cheap), progress=progress, show_tqdm=False))
+        reports.append(influence(lm.model, fit, InfluenceConfig(metrics=cheap), progress=progress))
     if costly:
         reports.append(influence(lm.model, fit, InfluenceConfig(metrics=costly, n_values=sorted(form["rec_n"])),
-                                 heldout=held, progress=progress, show_tqdm=False))
+                                 heldout=held, progress=progress))
     return {"model": _ui.current_key(), "report": merged(reports), "protocol": fit.protocol}
 
 
