@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> dict:
     models, seconds = {}, {}
     for count in counts:
         started = time.perf_counter()
-        run = recover(lm.model, args.drop, ["none", *METHODS], first_windows(fit_all, count), held, show_tqdm=False)
+        run = recover(lm.model, args.drop, ["none", *METHODS], first_windows(fit_all, count), held)
         seconds[count] = time.perf_counter() - started
         models.setdefault("none", run.results["none"].model)
         models.update({(m, count): run.results[m].model for m in METHODS})
     windows = evaluation_windows(lm.tokenizer, args.eval, args.eval_tokens, args.eval_seq_len,
                                  calibration_source=args.calib)
-    ppl = perplexities({str(k): m for k, m in models.items()}, windows, show_tqdm=False)
+    ppl = perplexities({str(k): m for k, m in models.items()}, windows)
     score = lambda key: f"{ppl[str(key)].ppl:.2f}"  # noqa: E731
     rows = [[count * args.seq_len, *[score((m, count)) for m in METHODS], f"{seconds[count]:.0f}"]
             for count in counts]

@@ -46,7 +46,7 @@ def contenders(model) -> dict:
     all_cfg = CalibrationConfig()
 
     def ours(cfg):
-        return lambda w: collect_stats(model, w, [GAP], cfg, show_tqdm=False) and None
+        return lambda w: collect_stats(model, w, [GAP], cfg) and None
     return {"ghosted, ghost statistics": ours(ghost_cfg), "ghosted, every sum": ours(sums_cfg),
             "ghosted, all methods": ours(all_cfg),
             "official approach": lambda w: official_ghost_operator(model, w, GAP.start, GAP.end) is None}

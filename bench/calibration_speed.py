@@ -55,8 +55,8 @@ def contenders(model, windows, gap: Gap, batch_size: int) -> dict:
     all_cfg = CalibrationConfig(batch_size=batch_size)
     ghost_cfg = CalibrationConfig(**{**GHOST_ONLY.__dict__, "batch_size": batch_size})
     return {
-        "calibrate (ghost only)": lambda: collect_stats(model, windows, [gap], ghost_cfg, show_tqdm=False),
-        "calibrate (all methods)": lambda: collect_stats(model, windows, [gap], all_cfg, show_tqdm=False),
+        "calibrate (ghost only)": lambda: collect_stats(model, windows, [gap], ghost_cfg),
+        "calibrate (all methods)": lambda: collect_stats(model, windows, [gap], all_cfg),
         f"forward to layer {gap.end}": lambda: forward_to(model, windows, gap.end, batch_size),
         "whole model": lambda: whole_model(model, windows, batch_size),
     }

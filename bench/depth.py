@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = CalibrationConfig(batch_size=args.batch_size)  # every method's statistics
     shallow, deep = Gap(3, 6), Gap(20, 27)
     times = round_robin({
-        "gap 3-5 (stops at 6)": lambda: collect_stats(lm.model, windows, [shallow], cfg, show_tqdm=False),
-        "gap 20-26 (stops at 27)": lambda: collect_stats(lm.model, windows, [deep], cfg, show_tqdm=False),
+        "gap 3-5 (stops at 6)": lambda: collect_stats(lm.model, windows, [shallow], cfg),
+        "gap 20-26 (stops at 27)": lambda: collect_stats(lm.model, windows, [deep], cfg),
         "whole model (30 layers)": lambda: whole_model(lm.model, windows, args.batch_size),
     }, args.rounds)
     deep_name, whole = "gap 20-26 (stops at 27)", "whole model (30 layers)"

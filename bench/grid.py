@@ -26,6 +26,7 @@ ensure_path()
 
 import pandas as pd  # noqa: E402
 
+from ghosted.core.progress import TqdmProgress  # noqa: E402
 from ghosted.grid import GridConfig, GridResult, run_grid  # noqa: E402
 
 DOC = ROOT / "docs" / "REPRODUCTION.md"
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> GridResult:
         result, commands = load_result(args.source)
     else:
         cfg = GridConfig(eval_tokens=args.eval_tokens, calib_seqs=args.calib_seqs)
-        result = run_grid(cfg, progress=lambda line: print(line, file=sys.stderr))
+        with TqdmProgress() as progress:  # bars and one line per part of the grid, on stderr
+            result = run_grid(cfg, progress=progress)
         result.save(args.out_dir)
         extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
                         (("eval_tokens", args.eval_tokens), ("calib_seqs", args.calib_seqs))

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     lm = load_bundled()
     calib = calibration_windows(lm.tokenizer, "bundled:news", 8, 128, 0)
-    run = recover(lm.model, args.drop, ["none", "ghost"], calib, show_tqdm=False)
+    run = recover(lm.model, args.drop, ["none", "ghost"], calib)
     models = {"dense": lm.model, "pruned (none)": run.results["none"].model, "ghost": run.results["ghost"].model}
     ids = evaluation_windows(lm.tokenizer, "bundled:wiki", args.batch * args.tokens, args.tokens).input_ids
     contenders = {name: forward(m, ids[: args.batch]) for name, m in models.items()}

@@ -51,11 +51,10 @@ def fit_curve(lm, drop: str, fit, held, ranks: list[int]) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="ghosted-rank-curve-"))
     try:
         cache = StatsCache(folder)
-        base = recover(lm.model, drop, ["none", "ghost"], fit, held, show_tqdm=False, cache=cache)
+        base = recover(lm.model, drop, ["none", "ghost"], fit, held, cache=cache)
         models = {"none": base.results["none"].model, "ghost": base.results["ghost"].model}
         for rank in ranks:
-            run = recover(lm.model, drop, ["ghost-lowrank"], fit, held, RecoveryConfig(rank=rank),
-                          show_tqdm=False, cache=cache)
+            run = recover(lm.model, drop, ["ghost-lowrank"], fit, held, RecoveryConfig(rank=rank), cache=cache)
             assert run.statistics == {"calibration": "reused", "held-out": "reused"}, run.statistics
             models[f"rank {rank}"] = run.results["ghost-lowrank"].model
     finally:
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     models = fit_curve(lm, args.drop, fit, held, curve_ranks(dim))
     windows = evaluation_windows(lm.tokenizer, "bundled:wiki", args.eval_tokens, args.eval_seq_len,
                                  calibration_source="bundled:news")
-    ppl = perplexities(models, windows, show_tqdm=False)
+    ppl = perplexities(models, windows)
     pruned = models["none"]
     rows = [[label, parameters_added(m, pruned), f"{ppl[label].ppl:.2f}"] for label, m in models.items()]
     body = (f"Bundled SmolLM2-135M (d = {dim}) without layers {args.drop}, one operator for the gap; "

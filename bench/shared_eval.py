@@ -40,13 +40,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     lm = load_bundled()
     calib = calibration_windows(lm.tokenizer, "bundled:news", 8, 128, 0)  # the fit quality is irrelevant here
-    run = recover(lm.model, args.drop, METHODS, calib, show_tqdm=False)
+    run = recover(lm.model, args.drop, METHODS, calib)
     models = {name: r.model for name, r in run.results.items()}
     windows = evaluation_windows(lm.tokenizer, "bundled:wiki", args.eval_tokens, args.seq_len)
     out = {}
 
     def evaluate(share: bool):
-        return lambda: out.__setitem__(share, perplexities(models, windows, share=share, show_tqdm=False))
+        return lambda: out.__setitem__(share, perplexities(models, windows, share=share))
     times = round_robin({"shared prefix": evaluate(True), "each on its own": evaluate(False)},
                         args.rounds, warmup=False)
     same = all(out[True][m].nll == out[False][m].nll for m in models)

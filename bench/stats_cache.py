@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(folder, ignore_errors=True)
             runs = {}
             for name, cache in zip(CONTENDERS, (None, TimedCache(folder, spent), StatsCache(folder))):
-                runs[name] = recover(lm.model, args.drop, METHODS, fit, held, show_tqdm=False, cache=cache)
+                runs[name] = recover(lm.model, args.drop, METHODS, fit, held, cache=cache)
                 times[name].append(runs[name].calib_seconds)
             assert runs[CONTENDERS[2]].statistics == {"calibration": "reused", "held-out": "reused"}
             plain, reused = runs[CONTENDERS[0]].results["ghost"], runs[CONTENDERS[2]].results["ghost"]

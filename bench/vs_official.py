@@ -40,7 +40,7 @@ CONTENDERS = (OFFICIAL, "ghosted, batch 1", "ghosted, batch 4")
 def ours(model, windows, batch_size: int) -> torch.Tensor:
     """Ghosted's way: streamed float64 moments (ghost statistics only), then the same solve."""
     cfg = CalibrationConfig(batch_size=batch_size, replaceme=False, linearpatch=False, reservoir_tokens=0)
-    stats = collect_stats(model, windows, [GAP], cfg, show_tqdm=False)[GAP]
+    stats = collect_stats(model, windows, [GAP], cfg)[GAP]
     return ghost_operator(stats, eps=1e-6)
 
 

@@ -46,7 +46,7 @@ def ours(model, windows, layers: list[int]) -> torch.Tensor:
     """Every removed layer's W from one streamed pass; stacked (n, d, d) float64."""
     gaps = gaps_of(layers, "layer")
     cfg = CalibrationConfig(batch_size=4, replaceme=False, linearpatch=False, reservoir_tokens=0)
-    stats = collect_stats(model, windows, gaps, cfg, show_tqdm=False)
+    stats = collect_stats(model, windows, gaps, cfg)
     return torch.stack([ghost_operator(stats[g], eps=1e-6) for g in gaps])
 
 

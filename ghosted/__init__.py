@@ -81,12 +81,13 @@ def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len
     return calibration_windows(_tokenizer_of(tokenizer), source, n_seqs, seq_len, seed)
 
 
-def influence(model, windows, heldout=None, **config):
+def influence(model, windows, heldout=None, progress=None, **config):
     """Layer-selection criteria of ``model`` on ``windows`` as an ``InfluenceReport``.
 
     ``config`` are fields of ``ghosted.layer_influence.InfluenceConfig`` (metrics, n_values, ...); metrics
     may use the criteria's aliases (shortgpt, bi, streamline, angular, ppl, taylor+). By default every
     criterion of one forward pass is computed; without ``heldout`` windows the held-out ones are left out.
+    ``progress`` receives ``(stage, done, total)`` (``ghosted.core.progress``; e.g. ``TqdmProgress()``).
 
     Example:
         >>> report = ghosted.influence(lm, calib, n_values=[7])
@@ -98,7 +99,7 @@ def influence(model, windows, heldout=None, **config):
     if heldout is None and "metrics" not in config:
         config["metrics"] = [m for m in SINGLE_PASS if CRITERIA[m].cost != "heldout"]
     _check_influence_config(_model_of(model), windows, config)
-    return score_layers(_model_of(model), windows, InfluenceConfig(**config), heldout=heldout, show_tqdm=False)
+    return score_layers(_model_of(model), windows, InfluenceConfig(**config), heldout=heldout, progress=progress)
 
 
 def _check_influence_config(model, windows, config: dict) -> None:
@@ -159,7 +160,8 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
     gives the lower next-token loss on ``heldout`` windows; without ``heldout`` the last quarter of
     ``calib`` is held out for that choice (and for the held-out errors). ``settings`` are fields of
     ``RecoveryConfig`` (eps, solver, mode, granularity, ...) or of ``CalibrationConfig``
-    (batch_size, seed, ...). ``model`` is never changed; every method gets a new model.
+    (batch_size, seed, ...). ``model`` is never changed; every method gets a new model. ``progress``
+    receives ``(stage, done, total)`` (``ghosted.core.progress``; e.g. ``TqdmProgress()``).
 
     Example:
         >>> run = ghosted.fit(lm, "20-26", calib, methods=["none", "ghost"])
@@ -189,8 +191,7 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
     _check_windows(_model_of(model), calib, "calib")
     if heldout is None and "ghost-auto" in methods:
         calib, heldout = _hold_out_quarter(calib)
-    return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress,
-                   show_tqdm=False)
+    return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress)
 
 
 def _check_fit_settings(settings: dict) -> None:
@@ -231,14 +232,14 @@ def prune(model, drop):
 
 
 def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384, seq_len: int = 512,
-             batch_size: int = 4, calibration_source: str | None = "bundled:news"):
+             batch_size: int = 4, calibration_source: str | None = "bundled:news", progress=None):
     """Perplexity of ``model`` as a ``PerplexityResult`` (ppl, nll, scored tokens, protocol).
 
     ``data`` is ``TokenWindows``, or a tokenizer / ``LoadedModel`` to cut ``tokens`` tokens of
     ``source`` into windows of ``seq_len``: its last 20 % when it is also ``calibration_source``
     (the default calibration text, bundled:news), else the whole source from its start
     (``protocol["part"]`` says which). ``ghosted.evaluate(lm)``
-    evaluates a ``LoadedModel`` on its own tokenizer.
+    evaluates a ``LoadedModel`` on its own tokenizer. ``progress`` receives ``(stage, done, total)``.
 
     Example:
         >>> print(ghosted.evaluate(run.results["ghost"].model, lm, tokens=4096))
@@ -256,7 +257,7 @@ def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384
         validate.check_source(source, "evaluation")
         windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len, calibration_source)
     _check_windows(_model_of(model), windows)
-    return perplexity(_model_of(model), windows, batch_size=batch_size, show_tqdm=False)
+    return perplexity(_model_of(model), windows, batch_size=batch_size, progress=progress)
 
 
 def generate(model, tokenizer, prompts, **overrides):

@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ghosted.arch import hidden_size, num_layers
 from ghosted.capture import tap
+from ghosted.core.progress import Progress, for_stage
 from ghosted.guards import NonFiniteError, nonfinite_cause
 from ghosted.stats import BoundaryAccumulator, BoundaryStats
 
-Progress = Callable[[int, int], None]  # (batches done, batches total)
 SinkDetector = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x (B,T,d), valid (B,T)) -> (B,T) bool
 
 
@@ -76,12 +75,13 @@ def _batches(windows, batch_size: int):
 
 def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: CalibrationConfig | None = None,
                   *, x_model: nn.Module | None = None, sink_detector: SinkDetector | None = None,
-                  progress: Progress | None = None, show_tqdm: bool = True) -> dict[Gap, BoundaryStats]:
+                  progress: Progress | None = None, label: str = "calibration") -> dict[Gap, BoundaryStats]:
     """Float64 statistics of every gap over ``windows``, in one pass over ``model``.
 
     ``x_model`` (sequential mode) reads X and m from a different, already pruned-and-patched model
     holding every layer in ``gap.start - 1 .. gap.start`` under its original index; Y always comes
-    from ``model``. ``sink_detector`` flags tokens whose statistics are also kept apart.
+    from ``model``. ``sink_detector`` flags tokens whose statistics are also kept apart. ``progress``
+    gets one step per batch under the stage ``label``.
 
     Example:
         >>> stats = collect_stats(model, calib_windows, [Gap(12, 19)])
@@ -104,7 +104,8 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
     mlp_layers = sorted({index[g.start - 1] for g in gaps if use_mlp and g.start > 0})
     y_bounds = sorted({y_index[g.end] for g in gaps})
     total = -(-windows.input_ids.size(0) // cfg.batch_size)
-    bar = tqdm(total=total, desc="calibration", unit="batch", disable=not show_tqdm, leave=False)
+    step = for_stage(progress, label)
+    step(0, total)
     sequential = x_model is not None
     with ExitStack() as stack:
         x_tap = stack.enter_context(tap(
@@ -125,10 +126,7 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
                 require_finite_activations(gap, (done - 1) * cfg.batch_size, valid, x, y, m)
                 sink = sink_detector(x, valid) if sink_detector else None
                 accumulators[gap].update(x, y.to(x.device), valid, m=m, sink=sink)
-            bar.update(1)
-            if progress:
-                progress(done, total)
-    bar.close()
+            step(done, total)
     return {gap: acc.finalize() for gap, acc in accumulators.items()}
 
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ghosted.capture import input_device
+from ghosted.core.progress import Progress, counted
 from ghosted.guards import NonFiniteError, nonfinite_cause
-
-Progress = Callable[[int, int], None]  # (done, total) -> None, called once per batch
 
 
 @dataclass
@@ -64,8 +61,10 @@ def nll_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.T
 
 
 def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progress | None = None,
-               show_tqdm: bool = True, label: str = "perplexity") -> PerplexityResult:
+               label: str = "perplexity") -> PerplexityResult:
     """Perplexity of ``model`` on ``windows`` (a ``TokenWindows``: (N, T) ids and a protocol dict).
+
+    ``progress`` gets one step per batch under the stage ``label`` (also the name in error messages).
 
     Example:
         >>> res = perplexity(model, evaluation_windows(tok, "bundled:wiki", 4096, 512))
@@ -75,15 +74,11 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
     require_scored_tokens(windows, label)
     ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
     total_nll, total_tokens = 0.0, 0
-    starts = range(0, ids.size(0), batch_size)
-    bar = tqdm(starts, desc=label, unit="batch", disable=not show_tqdm, leave=False)
-    for i, start in enumerate(bar):
+    for start in counted(range(0, ids.size(0), batch_size), progress, label):
         batch_mask = None if mask is None else mask[start:start + batch_size]
         nll, count = window_nll(model, ids[start:start + batch_size], batch_mask)
         total_nll += nll
         total_tokens += count
-        if progress:
-            progress(i + 1, len(starts))
     dtype, device = model_dtype_device(model)
     mean = mean_nll(total_nll, total_tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,

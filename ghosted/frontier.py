@@ -18,6 +18,7 @@ import time
 import torch
 
 from ghosted.assemble import GapFit
+from ghosted.core.progress import Progress
 from ghosted.lowrank import default_rank, lowrank_factors
 from ghosted.stats import BoundaryStats
 
@@ -43,8 +44,8 @@ def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg)
     return GapFit(stream=eye + left @ right, factors=(left, right), sink_map=robust.sink_map)
 
 
-def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, heldout_windows, cfg, stage,
-                 calib_seconds: float):
+def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, heldout_windows, cfg,
+                 progress: Progress | None, calib_seconds: float):
     """``prunecomp``, ``streamline-ffn`` or ``streamline-layer`` as a ``MethodResult``."""
     from ghosted.calibration import gaps_of
     from ghosted.recover import MethodResult
@@ -56,7 +57,7 @@ def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, hel
         from ghosted.prunecomp import prunecomp
 
         built, scales, measured = prunecomp(model, dropped, calib_windows, cfg.calibration, first_stats=stats,
-                                            progress=stage("prunecomp: measuring scales"))
+                                            progress=progress)
         eye = {g: torch.eye(s.dim, dtype=torch.float64, device=s.xtx.device) for g, s in measured.items()}
         fits = {g: GapFit(stream=scales[g] * eye[g]) for g in gaps}
         choices = [{"method": "prunecomp", "boundary": f"{g.start}-{g.end}", "scale": scales[g],
@@ -66,10 +67,10 @@ def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, hel
         return MethodResult(method, built, "folded", {g: f.stream for g, f in fits.items()}, pick(stats),
                             pick(heldout), time.perf_counter() - started, calib_seconds, fits=fits,
                             choices=choices, notes=["scales fused into the weights: a plain checkpoint"])
-    return _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, stage, calib_seconds)
+    return _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, progress, calib_seconds)
 
 
-def _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, stage, calib_seconds):
+def _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, progress, calib_seconds):
     from ghosted.assemble import assemble
     from ghosted.recover import MethodResult
     from ghosted.streamline import capture_pairs, train_ffn, train_layer, with_layers
@@ -82,7 +83,6 @@ def _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cf
         pairs = capture_pairs(model, calib_windows, gap, train_cfg.max_tokens, train_cfg.seed, batch)
         held = None if heldout_windows is None else capture_pairs(model, heldout_windows, gap, train_cfg.max_tokens,
                                                                   train_cfg.seed, batch)
-        progress = (lambda name, done, total: stage(name)(done, total)) if stage("training") else None
         if method == "streamline-ffn":
             trained[gap], report = train_ffn(model, gap, pairs, held, train_cfg, method, progress)
         else:

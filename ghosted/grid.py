@@ -25,7 +25,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from torch import nn
 from ghosted import validate
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
+from ghosted.core.progress import Progress, Say, lines
 from ghosted.evaluation import perplexity
 from ghosted.loading import LoadedModel, load_model
 from ghosted.pipeline import result_entry, split_calibration, versions
@@ -43,7 +43,6 @@ from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
 from ghosted.shared_eval import perplexities
 from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
 
-Progress = Callable[[str], None]  # one line per stage
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
     "streamline": "seqcos_streamline",
     "shortgpt": "seqcos_shortgpt",
@@ -127,7 +126,7 @@ def choose_layers(model: nn.Module, cfg: GridConfig, fit, held) -> dict[tuple[st
 
     criteria = list(dict.fromkeys(cfg.criterion(s) for s in cfg.selections))
     report = influence(model, fit, InfluenceConfig(metrics=criteria, n_values=list(cfg.n_values),
-                                                   batch_size=cfg.batch_size), heldout=held, show_tqdm=False)
+                                                   batch_size=cfg.batch_size), heldout=held)
     return {(s, n): select(report, cfg.criterion(s), n) for s in cfg.selections for n in cfg.n_values}
 
 
@@ -141,34 +140,34 @@ def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[s
 
 
 def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fit, held,
-                     evals: dict[str, TokenWindows], cfg: GridConfig, show_tqdm: bool, tokenizer=None
+                     evals: dict[str, TokenWindows], cfg: GridConfig, progress: Progress | None, tokenizer=None
                      ) -> tuple[list[dict], dict, object]:
     """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation; and the
     zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
     started = time.perf_counter()
     rec_cfg = RecoveryConfig(calibration=CalibrationConfig(batch_size=cfg.batch_size, seed=cfg.seed))
-    run = recover(model, layers, methods, fit, held, rec_cfg, show_tqdm=show_tqdm, cache=cfg.cache)
+    run = recover(model, layers, methods, fit, held, rec_cfg, progress=progress, cache=cfg.cache)
     fitted = time.perf_counter()
     errors = run.errors()
     models = {name: r.model for name, r in run.results.items()}
     rows = []
     for source, windows in evals.items():
-        results = perplexities(models, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm)
+        results = perplexities(models, windows, batch_size=cfg.batch_size, progress=progress)
         for name, model_ in models.items():
             rows.append(_row(source, result_entry(name, results[name], run, errors, model_)))
-    tasks = score_tasks(models, tokenizer, cfg, show_tqdm)
+    tasks = score_tasks(models, tokenizer, cfg, progress)
     timing = {"fit_seconds": round(fitted - started, 1), "eval_seconds": round(time.perf_counter() - fitted, 1)}
     return rows, timing, tasks
 
 
-def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, show_tqdm: bool):
+def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, progress: Progress | None):
     """``cfg.tasks`` scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
     if not cfg.tasks:
         return None
     from ghosted.zeroshot import evaluate_tasks
 
     return evaluate_tasks(models, tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
-                          batch_size=cfg.batch_size, show_tqdm=show_tqdm, say=lambda line: None)
+                          batch_size=cfg.batch_size, progress=progress)
 
 
 class GridJournal:
@@ -234,7 +233,7 @@ def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
 
 
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
-             show_tqdm: bool = True, out_dir: str | Path | None = None, resume: bool = False) -> GridResult:
+             out_dir: str | Path | None = None, resume: bool = False) -> GridResult:
     """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.model``.
 
     ``out_dir``: journal each finished part to ``out_dir/grid.jsonl`` and rewrite the csv/md/json files
@@ -242,11 +241,10 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
     an error) after the model is loaded, the exception goes on with ``partial_result``: a GridResult
     of the finished cells (``meta["complete"]`` False).
     """
-    say = progress or (lambda line: None)
     validate.check_grid(cfg)  # before loading
     state = _GridState(cfg, time.perf_counter(), out_dir)
     try:
-        return _run_grid(cfg, loaded, say, show_tqdm, state, resume)
+        return _run_grid(cfg, loaded, progress, state, resume)
     except BaseException as err:  # Ctrl-C included: what finished is on disk; hand it over too
         if state.meta and isinstance(err, (Exception, KeyboardInterrupt)):
             err.partial_result = state.result(complete=False)
@@ -290,7 +288,8 @@ class _GridState:
             self.result(complete=False).save(self.out_dir)
 
 
-def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _GridState, resume: bool) -> GridResult:
+def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridState, resume: bool) -> GridResult:
+    say = lines(progress)  # one line per part of the grid, between the bars of its work
     lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     validate.check_grid_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
     journal = GridJournal(state.out_dir, resume) if state.out_dir is not None else None
@@ -305,8 +304,8 @@ def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _G
     state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
                                              "reason": why} for (s, n), (lay, why) in state.chosen.items()}
     if "dense" in cfg.methods:
-        _dense_rows(lm.model, cfg, evals, say, show_tqdm, journal, settings, state)
-        _dense_tasks(lm, cfg, show_tqdm, journal, settings, state)
+        _dense_rows(lm.model, cfg, evals, say, progress, journal, settings, state)
+        _dense_tasks(lm, cfg, progress, journal, settings, state)
     recovery = [m for m in dict.fromkeys(cfg.methods) if m != "dense"]
     for (selection, n), (layers, _) in state.chosen.items():
         key = tuple(layers)
@@ -323,7 +322,7 @@ def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _G
         else:
             say(f"{selection} n={n}: layers {format_layers(layers)}, {len(methods)} methods")
             state.cells[key], timing, tasks = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg,
-                                                               show_tqdm, tokenizer=lm.tokenizer)
+                                                               progress, tokenizer=lm.tokenizer)
             state.tasks[key] = task_record(tasks)
             if journal:
                 journal.add("cell", settings, cell_key, rows=state.cells[key], timing=timing, tasks=state.tasks[key])
@@ -337,7 +336,7 @@ def _run_grid(cfg: GridConfig, loaded, say: Progress, show_tqdm: bool, state: _G
 
 
 def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJournal | None, settings: str,
-                   state: _GridState, say: Progress) -> dict:
+                   state: _GridState, say: Say) -> dict:
     """(selection, n) -> (layers, reason): from the journal when every one is there, else one influence pass."""
     wanted = [(s, n) for s in cfg.selections for n in cfg.n_values]
     found = {w: journal.find("selection", settings, {"selection": w[0], "n": w[1]}) if journal else None
@@ -355,7 +354,7 @@ def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJo
     return chosen
 
 
-def _evaluation_texts(tokenizer, cfg: GridConfig, say: Progress) -> tuple[dict[str, TokenWindows], dict]:
+def _evaluation_texts(tokenizer, cfg: GridConfig, say: Say) -> tuple[dict[str, TokenWindows], dict]:
     """({text: windows}, the protocol as a report field): a named preset, or ``cfg.evals`` capped."""
     from ghosted.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
 
@@ -376,20 +375,20 @@ def task_record(run) -> dict | None:
     return {"rows": run.frame.to_dict("records"), "protocols": run.protocols, "skipped": run.skipped}
 
 
-def _dense_tasks(lm: LoadedModel, cfg: GridConfig, show_tqdm: bool, journal: GridJournal | None, settings: str,
-                 state: _GridState) -> None:
+def _dense_tasks(lm: LoadedModel, cfg: GridConfig, progress: Progress | None, journal: GridJournal | None,
+                 settings: str, state: _GridState) -> None:
     """The dense model's zero-shot scores, once for the whole grid (or resumed)."""
     if not cfg.tasks:
         return
     record = journal.find("dense-tasks", settings, {"tasks": cfg.tasks}) if journal else None
     if record is None:
-        record = {"tasks": task_record(score_tasks({"dense": lm.model}, lm.tokenizer, cfg, show_tqdm))}
+        record = {"tasks": task_record(score_tasks({"dense": lm.model}, lm.tokenizer, cfg, progress))}
         if journal:
             journal.add("dense-tasks", settings, {"tasks": cfg.tasks}, tasks=record["tasks"])
     state.tasks["dense"] = record["tasks"]
 
 
-def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, show_tqdm: bool,
+def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Say, progress: Progress | None,
                 journal: GridJournal | None = None, settings: str = "", state: _GridState | None = None) -> dict:
     """The dense model's perplexity on each text, computed once for the whole grid (or resumed)."""
     rows = state.dense if state is not None else {}
@@ -400,7 +399,7 @@ def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Progress, s
             rows[source] = record["row"]
             continue
         say(f"dense on {source}")
-        res = perplexity(model, windows, batch_size=cfg.batch_size, show_tqdm=show_tqdm, label="dense")
+        res = perplexity(model, windows, batch_size=cfg.batch_size, progress=progress, label="dense")
         rows[source] = _row(source, result_entry("dense", res, None, None, model))
         if journal:
             journal.add("dense", settings, {"eval": source}, row=rows[source])

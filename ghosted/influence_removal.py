@@ -21,16 +21,15 @@ from torch import nn
 
 from ghosted.arch import layers_of, num_layers, spec_for
 from ghosted.capture import input_device
+from ghosted.core.progress import Progress, counted
 from ghosted.evaluation import perplexity
 from ghosted.pruning import build_variant, shallow_clone
 from ghosted.text import TokenWindows
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
-
 
 def _nll(model: nn.Module, windows, batch_size: int) -> float:
     """Mean next-token NLL (nats) of ``model`` on ``windows``."""
-    return perplexity(model, windows, batch_size=batch_size, show_tqdm=False).nll
+    return perplexity(model, windows, batch_size=batch_size).nll
 
 
 def removal_nll(model: nn.Module, windows, batch_size: int = 4,
@@ -44,11 +43,9 @@ def removal_nll(model: nn.Module, windows, batch_size: int = 4,
     total = num_layers(model)
     dense = _nll(model, windows, batch_size)
     scores = {}
-    for layer in range(total):
+    for layer in counted(range(total), progress, "ppl_single"):
         keep = [i for i in range(total) if i != layer]
         scores[layer] = _nll(build_variant(model, keep), windows, batch_size)
-        if progress:
-            progress("ppl_single", layer + 1, total)
     return dense, scores
 
 
@@ -64,7 +61,7 @@ def sleb_order(model: nn.Module, windows, steps: int, batch_size: int = 4,
         raise ValueError(f"SLEB can remove 1..{total - 2} layers of this {total}-layer model "
                          f"(the first and last alive layers stay); got {steps}.")
     alive, order = list(range(total)), []
-    for step in range(steps):
+    for _step in counted(range(steps), progress, "sleb"):
         trials = {}
         for candidate in alive[1:-1]:
             trials[candidate] = _nll(build_variant(model, [i for i in alive if i != candidate]),
@@ -72,8 +69,6 @@ def sleb_order(model: nn.Module, windows, steps: int, batch_size: int = 4,
         chosen = min(trials, key=trials.get)  # ties: the lower index (dict order)
         alive.remove(chosen)
         order.append((chosen, trials[chosen]))
-        if progress:
-            progress("sleb", step + 1, steps)
     return order
 
 

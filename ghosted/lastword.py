@@ -34,14 +34,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
+
+from ghosted.core.progress import Progress, counted
 
 TASK = "bundled-lastword"  # the task's name, in the CLI, the app and lm-eval
 VERSION = 1  # bump when the selection or the scoring below changes
@@ -51,7 +51,6 @@ SIZE = 500  # examples in the task (of ~860 paragraphs that qualify)
 SEED = 0  # the shuffle that orders the paragraphs
 ENDINGS = ".!?"  # a paragraph must end a sentence; the final mark is removed
 DEFAULT_MAX_LENGTH = 2048  # lm-eval's fallback when neither the config nor the tokenizer names one
-Progress = Callable[[int, int], None]  # (batches done, batches total)
 
 
 def qualifies(paragraph: str) -> bool:
@@ -180,12 +179,12 @@ def _judge(logits: torch.Tensor, batch: _Batch) -> list[tuple[float, bool]]:
 
 @torch.no_grad()
 def score_lastword(models: dict[str, nn.Module], tokenizer, limit: int | None = None, batch_size: int = 8,
-                   share: bool = True, progress: Progress | None = None,
-                   show_tqdm: bool = True) -> dict[str, LastWordScore]:
+                   share: bool = True, progress: Progress | None = None) -> dict[str, LastWordScore]:
     """``bundled-lastword`` accuracy and log-likelihood of every model (see the module docstring).
 
     Variants that hold the same leading layers (``ghosted.shared_eval.shared_prefix_length``) run
-    them once per batch; ``share=False`` runs every model whole. Models are not modified.
+    them once per batch; ``share=False`` runs every model whole. Models are not modified. ``progress``
+    gets one step per batch: one stage for the shared run, one stage per model otherwise.
     """
     from ghosted.capture import input_device, tap
     from ghosted.shared_eval import SuffixView, shared_prefix_length
@@ -198,8 +197,6 @@ def score_lastword(models: dict[str, nn.Module], tokenizer, limit: int | None = 
     k = shared_prefix_length([m for _, m in items]) if share else 0
     answers: dict[str, list] = {name: [None] * len(rows) for name, _ in items}
     seconds = dict.fromkeys(answers, 0.0)
-    bar = tqdm(batches, desc=f"{TASK} x{len(items)}" + (f" (shared {k} layers)" if k else ""), unit="batch",
-               disable=not show_tqdm, leave=False)
 
     def record(name: str, batch: _Batch, logits: torch.Tensor, started: float) -> None:
         for i, answer in zip(batch.rows, _judge(logits, batch)):
@@ -209,23 +206,19 @@ def score_lastword(models: dict[str, nn.Module], tokenizer, limit: int | None = 
     if k:
         suffixes = {name: SuffixView(model, k) for name, model in items}
         with tap(items[0][1], boundaries=[k]) as prefix:
-            for j, batch in enumerate(bar):
+            for batch in counted(batches, progress, f"{TASK} x{len(items)} (shared {k} layers)"):
                 t0 = time.perf_counter()
                 hidden = prefix.run(batch.ids).resid[k]  # (B, T, d): the layers every variant shares
                 share_s = (time.perf_counter() - t0) / len(items)
                 for name, suffix in suffixes.items():
                     t1 = time.perf_counter() - share_s  # the suffix's time plus its share of the prefix
                     record(name, batch, suffix.logits(hidden, batch.ids, None), t1)
-                if progress:
-                    progress(j + 1, len(batches))
     else:
-        for m, (name, model) in enumerate(items):
-            for j, batch in enumerate(bar if m == 0 else batches):
+        for name, model in items:
+            for batch in counted(batches, progress, f"{TASK} {name}"):
                 t0 = time.perf_counter()
                 logits = model(input_ids=batch.ids.to(input_device(model)), use_cache=False).logits  # (B, T, V)
                 record(name, batch, logits, t0)
-                if progress:
-                    progress(m * len(batches) + j + 1, len(batches) * len(items))
     return {name: _score(answers[name], seconds[name]) for name, _ in items}
 
 

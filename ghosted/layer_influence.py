@@ -16,22 +16,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ghosted import influence_removal as removal
 from ghosted.arch import hidden_size, num_layers
 from ghosted.capture import tap
+from ghosted.core.progress import Progress, counted
 from ghosted.influence_pass import (GramSums, SimilaritySums, TokenWeightedSums, gram_bytes, recoverability,
                                     stack_boundaries)
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass(frozen=True)
@@ -211,7 +208,7 @@ def block_list(n_values: list[int], total: int) -> list[tuple[int, int]]:
 
 
 def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, heldout=None,
-              progress: Progress | None = None, show_tqdm: bool = True) -> InfluenceReport:
+              progress: Progress | None = None) -> InfluenceReport:
     """Every requested criterion on ``windows`` (a ``TokenWindows``); ``model`` is never changed.
 
     Example:
@@ -228,7 +225,7 @@ def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, 
     seconds: dict[str, float] = {}
     block_rows, layer_rows, meta = [], [], {}
     if any(CRITERIA[m].cost in ("pass", "heldout") for m in cfg.metrics):
-        b, lay, info = _single_pass_criteria(model, windows, heldout, cfg, n_values, seconds, progress, show_tqdm)
+        b, lay, info = _single_pass_criteria(model, windows, heldout, cfg, n_values, seconds, progress)
         block_rows += b
         layer_rows += lay
         meta.update(info)
@@ -236,7 +233,7 @@ def influence(model: nn.Module, windows, config: InfluenceConfig | None = None, 
     if wanted:
         steps = cfg.sleb_steps or (max(n_values) if cfg.n_values else max(1, total // 4))
         rows, info = removal.removal_criteria(model, windows, wanted, cfg.batch_size, cfg.candidate_windows, steps,
-                                              _Bars(progress, show_tqdm))
+                                              progress)
         layer_rows += rows
         seconds.update(info.pop("seconds"))
         meta.update(info)
@@ -256,8 +253,8 @@ def _check_metrics(metrics: list[str], heldout) -> None:
         raise ValueError("recoverability_heldout needs held-out windows (heldout=...).")
 
 
-def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_values, seconds, progress,
-                          show_tqdm) -> tuple[list, list, dict]:
+def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_values, seconds, progress
+                          ) -> tuple[list, list, dict]:
     """Block and layer rows of every requested one-pass criterion, and what the pass saw."""
     total, dim = num_layers(model), hidden_size(model)
     wanted = set(cfg.metrics)
@@ -268,13 +265,13 @@ def _single_pass_criteria(model, windows, heldout, cfg: InfluenceConfig, n_value
     _check_gram_budget(needed, rec_n, cfg.max_gram_gib)
     clock = time.perf_counter()
     sims, grams, token_sums = _stream(model, windows, total, dim, blocks, bool(wanted - RECOVERABILITY),
-                                      cfg.batch_size, "calibration pass", progress, show_tqdm, weighted)
+                                      cfg.batch_size, "calibration pass", progress, weighted)
     seconds["single_pass"] = round(time.perf_counter() - clock, 3)
     held_grams = None
     if "recoverability_heldout" in wanted:
         clock = time.perf_counter()
         _, held_grams, _ = _stream(model, heldout, total, dim, blocks, False, cfg.batch_size, "held-out pass",
-                                   progress, show_tqdm)
+                                   progress)
         seconds["heldout_pass"] = round(time.perf_counter() - clock, 3)
     block_rows, layer_rows = _similarity_rows(sims, wanted, n_values, total) if sims else ([], [])
     if grams is not None:
@@ -312,16 +309,14 @@ def _similarity_rows(sims: SimilaritySums, wanted: set[str], n_values, total: in
 
 
 def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_size: int, label: str,
-            progress, show_tqdm, weighted: bool = False
+            progress, weighted: bool = False
             ) -> tuple[SimilaritySums | None, GramSums | None, TokenWeightedSums | None]:
     """One pass capturing boundaries 0..L; adds every batch to the similarity and Gram sums."""
     ids = windows.input_ids
     mask = windows.attention_mask if windows.attention_mask is not None else torch.ones_like(ids)
-    steps = -(-ids.shape[0] // batch_size)
     sims = grams = token_sums = None
     with tap(model, boundaries=range(total + 1)) as handle:
-        for step, start in enumerate(tqdm(range(0, ids.shape[0], batch_size), desc=label, unit="batch",
-                                          disable=not show_tqdm, leave=False)):
+        for start in counted(range(0, ids.shape[0], batch_size), progress, label):
             got = handle.run(ids[start:start + batch_size], mask[start:start + batch_size])
             device = got.resid[0].device
             stack = stack_boundaries(got.resid, total + 1, device)  # (B, T, K, d)
@@ -335,22 +330,4 @@ def _stream(model, windows, total: int, dim: int, blocks, similar: bool, batch_s
             if blocks and weighted:
                 token_sums = token_sums or TokenWeightedSums(blocks, dim, device)
                 token_sums.add(stack, valid)
-            if progress:
-                progress(label, step + 1, steps)
     return sims, grams, token_sums
-
-
-class _Bars:
-    """Progress of the per-layer criteria: one tqdm bar per stage, also passed on to ``progress``."""
-
-    def __init__(self, progress: Progress | None, show_tqdm: bool):
-        self.progress, self.show_tqdm, self.bars = progress, show_tqdm, {}
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if self.show_tqdm:
-            bar = self.bars.setdefault(stage, tqdm(total=total, desc=stage, unit="step", leave=False))
-            bar.update(done - bar.n)
-            if done >= total:
-                bar.close()
-        if self.progress:
-            self.progress(stage, done, total)

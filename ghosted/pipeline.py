@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from ghosted import __version__, validate
 from ghosted.assets import BUNDLED_MODEL
 from ghosted.calibration import CalibrationConfig
+from ghosted.core.progress import Progress
 from ghosted.loading import LoadedModel, load_model
 from ghosted.protocols import describe_protocol, protocol_windows, resolve_protocol
 from ghosted.pruning import format_layers, parse_layers
@@ -23,8 +23,6 @@ from ghosted.recover import RecoveryConfig, RecoveryRun, recover
 from ghosted.shared_eval import perplexities
 from ghosted.text import TokenWindows, calibration_windows
 from ghosted.zeroshot import add_task_results, task_columns, task_protocol_lines
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass
@@ -88,7 +86,7 @@ def versions() -> dict:
 
 
 def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
-                   progress: Progress | None = None, show_tqdm: bool = True) -> tuple[dict, RecoveryRun | None]:
+                   progress: Progress | None = None) -> tuple[dict, RecoveryRun | None]:
     """Run ``cfg`` and return (a JSON-ready report, the RecoveryRun with the recovered models).
 
     When the run is stopped after the model is loaded (Ctrl-C or an error), the exception goes on
@@ -97,7 +95,7 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
     validate.check_run(cfg)  # before loading: a typo costs seconds, not a calibration pass
     state = _RunState(cfg, time.perf_counter())
     try:
-        return _run(cfg, loaded, progress, show_tqdm, state)
+        return _run(cfg, loaded, progress, state)
     except BaseException as err:  # Ctrl-C included: attach what finished, and let it go on
         if state.lm is not None and isinstance(err, (Exception, KeyboardInterrupt)):
             err.partial_report = state.report(stopped=err)
@@ -166,7 +164,7 @@ def _reason(err: BaseException) -> str:
     return "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
 
 
-def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple[dict, RecoveryRun | None]:
+def _run(cfg: RunConfig, loaded, progress, state: _RunState) -> tuple[dict, RecoveryRun | None]:
     lm = state.lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
     validate.check_run_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
     state.stage = "choosing layers"
@@ -189,14 +187,13 @@ def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple
         fit, held = split_calibration(calib, cfg.heldout_seqs)
         state.calib_protocol = fit.protocol
         run = state.run = recover(lm.model, dropped, recovery_methods, fit, held, cfg.recovery_config(),
-                                  progress=progress, show_tqdm=show_tqdm, cache=cfg.cache)
+                                  progress=progress, cache=cfg.cache)
     state.stage = "evaluation"
     models = {"dense": lm.model} if "dense" in methods else {}
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
     errors = run.errors() if run else None
-    step = (lambda done, total: progress("perplexity", done, total)) if progress else None
-    by_source = {source: perplexities(models, windows, batch_size=cfg.batch_size, progress=step,
-                                      show_tqdm=show_tqdm)  # leading layers shared by all variants run once
+    by_source = {source: perplexities(models, windows, batch_size=cfg.batch_size,
+                                      progress=progress)  # leading layers shared by all variants run once
                  for source, windows in eval_sets.items()}
     results = next(iter(by_source.values()))
     entries = [result_entry(name, results[name], run, errors, model) for name, model in models.items()]
@@ -207,7 +204,7 @@ def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple
     state.stage = "zero-shot tasks"
     report = state.report()
     add_task_results(report, models, lm.tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
-                     progress=progress, show_tqdm=show_tqdm)
+                     progress=progress)
     report["seconds"] = round(time.perf_counter() - state.started, 2)
     return report, run
 

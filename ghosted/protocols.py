@@ -19,12 +19,10 @@ Example:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 
+from ghosted.core.progress import Say
 from ghosted.text import SourceUnavailableError, TokenWindows, evaluation_windows
-
-Say = Callable[[str], None]  # one line to the user
 
 
 @dataclass(frozen=True)

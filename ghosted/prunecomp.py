@@ -34,6 +34,7 @@ from torch import nn
 from ghosted.arch import embedding_of, head_of, layers_of, num_layers, spec_for, stack_of
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
 from ghosted.capture import private_submodule
+from ghosted.core.progress import Progress
 from ghosted.pruning import build_variant, format_layers, original_indices
 from ghosted.stats import BoundaryStats
 
@@ -117,8 +118,8 @@ def _scale_module(module: nn.Module, scale: float) -> None:
 
 
 def prunecomp(model: nn.Module, dropped: list[int], windows, config: CalibrationConfig | None = None,
-              first_stats: dict[Gap, BoundaryStats] | None = None, progress=None,
-              show_tqdm: bool = False) -> tuple[nn.Module, dict[Gap, float], dict[Gap, BoundaryStats]]:
+              first_stats: dict[Gap, BoundaryStats] | None = None, progress: Progress | None = None
+              ) -> tuple[nn.Module, dict[Gap, float], dict[Gap, BoundaryStats]]:
     """Remove ``dropped`` (original indices of ``model``) gap by gap, compensating each.
 
     Returns (the compensated model, the scale of each block gap, the statistics each was measured
@@ -130,7 +131,8 @@ def prunecomp(model: nn.Module, dropped: list[int], windows, config: Calibration
         if i == 0 and first_stats is not None and gap in first_stats:
             stats = first_stats[gap]
         else:
-            stats = collect_stats(current, windows, [gap], cfg, progress=progress, show_tqdm=show_tqdm)[gap]
+            stats = collect_stats(current, windows, [gap], cfg, progress=progress,
+                                  label=f"prunecomp: measuring the scale of gap {gap}")[gap]
         scales[gap], measured[gap] = magnitude_scale(stats), stats
         positions = [original_indices(current).index(layer) for layer in gap.layers]
         current = compensate(current, positions, scales[gap])
@@ -155,8 +157,7 @@ def iterative_select(source, metric: str, n: int, windows=None, heldout=None, co
         position = picked[0]
         layer = original_indices(current)[position]
         stats = collect_stats(current, windows, [Gap(layer, _next_layer(current, position))],
-                              replace(calibration or CalibrationConfig(), replaceme=False, reservoir_tokens=0),
-                              show_tqdm=False)
+                              replace(calibration or CalibrationConfig(), replaceme=False, reservoir_tokens=0))
         scale = magnitude_scale(next(iter(stats.values())))
         current = compensate(current, [position], scale)
         removed.append(layer)

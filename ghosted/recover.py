@@ -20,7 +20,6 @@ The input model is never modified; each method gets its own model object sharing
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
@@ -32,6 +31,7 @@ from ghosted import methods as registry
 from ghosted.arch import num_layers
 from ghosted.assemble import GapFit, assemble
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
+from ghosted.core.progress import Progress, counted
 from ghosted.guards import check_eps
 from ghosted.pruning import build_variant, parse_layers
 from ghosted.robust import fit_robust
@@ -46,7 +46,6 @@ BRANCH_METHODS = registry.names_of(registry.BRANCH)
 FRONTIER_METHODS = registry.names_of(registry.WEIGHTS, registry.TRAINED)  # see ghosted.frontier
 METHODS = registry.FITTED  # "none" and every method recover() fits
 SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust")
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass
@@ -217,11 +216,12 @@ def _fit_robust(gap: Gap, stats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, 
 
 def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None,
             config: RecoveryConfig | None = None, progress: Progress | None = None,
-            show_tqdm: bool = True, cache=None) -> RecoveryRun:
+            cache=None) -> RecoveryRun:
     """Prune ``drop`` from ``model`` and fit each method in ``methods`` on ``calib_windows``.
 
     ``cache`` (``True`` or a ``stats_cache.StatsCache``) reuses calibration statistics saved by an
-    earlier call with the same model, windows, gaps and settings, and saves new ones.
+    earlier call with the same model, windows, gaps and settings, and saves new ones. ``progress``
+    (``ghosted.core.progress``) gets the calibration passes and every fit that has steps.
 
     Example:
         >>> run = recover(model, "20-26", ["none", "ghost", "replaceme-ls"], calib, heldout)
@@ -251,19 +251,16 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     rule = cfg.sink_rule()
     detector = SinkDetector(rule) if wants_sinks else None
 
-    def stage(name):
-        return (lambda done, n: progress(name, done, n)) if progress else None
-
     started = time.perf_counter()
     stats, passes = collect_cached(cache, identity, model, calib_windows, all_gaps, calib_cfg,
-                                   sink_detector=detector, progress=stage("calibration"), show_tqdm=show_tqdm)
+                                   sink_detector=detector, progress=progress)
     passes = {"calibration": passes}
     heldout = None
     if heldout_windows is not None:
         heldout, passes["held-out"] = collect_cached(
             cache, identity, model, heldout_windows, all_gaps, replace(calib_cfg, reservoir_tokens=0),
             sink_detector=SinkDetector(rule) if wants_sinks else None,
-            progress=stage("held-out statistics"), show_tqdm=show_tqdm)
+            progress=progress, label="held-out statistics")
     shared = "reused" if set(passes.values()) == {"reused"} else "computed"
     calib_seconds = time.perf_counter() - started
     fit_warnings = _conditioning_warnings(methods, stream_gaps, stats, cfg, calib_windows)
@@ -278,18 +275,18 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
             continue
         if method in ("ghost", "ghost-robust") and cfg.mode == "sequential":
             results[method] = _sequential(method, model, dropped, stream_gaps, calib_windows, heldout_windows,
-                                          cfg, calib_cfg, rule, stage, show_tqdm)
+                                          cfg, calib_cfg, rule, progress)
             continue
         if method in FRONTIER_METHODS:
             from ghosted.frontier import fit_frontier
             results[method] = fit_frontier(method, model, dropped, stats, heldout, calib_windows, heldout_windows,
-                                           cfg, stage, calib_seconds)
+                                           cfg, progress, calib_seconds)
             continue
         t0 = time.perf_counter()
         choices: list[dict] = []
         if method == "ghost-auto":
             fits, choices = _auto(model, dropped, stream_gaps, stats, heldout, heldout_windows, cfg, rule,
-                                  stage, show_tqdm, results)
+                                  progress, results)
         elif method == "ghost-robust":
             fits = {}
             for g in gaps:
@@ -329,7 +326,7 @@ def _conditioning_warnings(methods, gaps, stats, cfg: RecoveryConfig, calib_wind
 AUTO_CANDIDATES = ("paper", "robust", "none")  # ghost-auto's choices per gap; "none": no operator there
 
 
-def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stage, show_tqdm, done):
+def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, progress, done):
     """Per gap, the paper's fit, the robust one or no operator, by held-out next-token NLL.
 
     Starts from the better of "paper everywhere" and "no operator anywhere", then tries every other
@@ -348,15 +345,12 @@ def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stag
         if picks not in scored:
             fits = {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}
             scored[picks] = perplexity(assemble(model, dropped, fits, "ghost-auto", rule=rule), heldout_windows,
-                                       batch_size=cfg.calibration.batch_size, show_tqdm=False,
-                                       label="ghost-auto held-out").nll
+                                       batch_size=cfg.calibration.batch_size, label="ghost-auto held-out").nll
         return scored[picks]
 
     current = min((("paper",) * len(gaps), ("none",) * len(gaps)), key=nll)
     choices = []
-    for i, g in enumerate(gaps):
-        if stage("auto: choosing per gap"):
-            stage("auto: choosing per gap")(i, len(gaps))
+    for i, g in enumerate(counted(gaps, progress, "ghost-auto: choosing per gap")):
         trials = {c: nll(current[:i] + (c,) + current[i + 1:]) for c in AUTO_CANDIDATES}
         pick = min(AUTO_CANDIDATES, key=lambda c: (trials[c], c != current[i]))  # ties keep the current one
         current = current[:i] + (pick,) + current[i + 1:]
@@ -372,8 +366,8 @@ _AUTO_LABEL = {"paper": "the paper's fit", "robust": "the robust fit",
                "none": "no operator (plain pruning is best here)"}
 
 
-def _sequential(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, calib_cfg, rule, stage,
-                show_tqdm) -> MethodResult:
+def _sequential(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, calib_cfg, rule,
+                progress) -> MethodResult:
     """Fit each gap's operator on the stream of the model already pruned and patched upstream."""
     fits: dict[Gap, GapFit] = {}
     fit_stats, held_stats, choices = {}, {}, []
@@ -386,11 +380,12 @@ def _sequential(method, model, dropped, gaps, calib_windows, heldout_windows, cf
         t0 = time.perf_counter()
         detector = (lambda: SinkDetector(rule)) if robust else (lambda: None)
         fit_stats[gap] = collect_stats(model, calib_windows, [gap], seq_cfg, x_model=partial,
-                                       sink_detector=detector(), progress=stage(f"sequential fit of gap {gap}"),
-                                       show_tqdm=show_tqdm)[gap]
+                                       sink_detector=detector(), progress=progress,
+                                       label=f"sequential fit of gap {gap}")[gap]
         if heldout_windows is not None:
             held_stats[gap] = collect_stats(model, heldout_windows, [gap], seq_cfg, x_model=partial,
-                                            sink_detector=detector(), show_tqdm=show_tqdm)[gap]
+                                            sink_detector=detector(), progress=progress,
+                                            label=f"held-out statistics of gap {gap}")[gap]
         t1 = time.perf_counter()
         if robust:
             fits[gap], choice = _fit_robust(gap, fit_stats[gap], held_stats.get(gap), cfg)

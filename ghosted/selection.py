@@ -82,7 +82,7 @@ def _report_for(source, metric: str, n: int, windows, heldout, config) -> Influe
     base = config or InfluenceConfig()
     cfg = InfluenceConfig(**{**vars(base), "metrics": [metric], "n_values": [n], "recoverability_n_values": None,
                              "sleb_steps": n if metric == "sleb" else base.sleb_steps})
-    return influence(model, windows, cfg, heldout=heldout, show_tqdm=False)
+    return influence(model, windows, cfg, heldout=heldout)
 
 
 def _default_windows(tokenizer):

@@ -26,21 +26,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ghosted.arch import embedding_of, layers_of, num_layers
 from ghosted.capture import input_device, tap
+from ghosted.core.progress import Progress, counted
 from ghosted.evaluation import (PerplexityResult, mean_nll, model_dtype_device, nll_from_logits, perplexity,
                                 require_scored_tokens)
 from ghosted.pruning import build_variant, original_indices
-
-Progress = Callable[[int, int], None]  # (batches done, batches total)
 
 
 def shared_prefix_length(models: list[nn.Module]) -> int:
@@ -112,7 +109,7 @@ class _Tally:
 
 
 def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, share: bool = True,
-                 progress: Progress | None = None, show_tqdm: bool = True) -> dict[str, PerplexityResult]:
+                 progress: Progress | None = None) -> dict[str, PerplexityResult]:
     """Perplexity of every model on ``windows``, sharing the leading layers they have in common.
 
     Equal to ``{name: evaluate.perplexity(model, windows)}``. Each result's ``seconds`` is the
@@ -122,16 +119,14 @@ def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, sha
     items = list(models.items())
     k = shared_prefix_length([m for _, m in items]) if share else 0
     if k == 0:
-        return _separately(items, windows, batch_size, progress, show_tqdm)
+        return _separately(items, windows, batch_size, progress)
     ref = items[0][1]
     suffixes = {name: SuffixView(model, k) for name, model in items}
     tallies = {name: _Tally() for name, _ in items}
     ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
     starts = range(0, ids.size(0), batch_size)
-    bar = tqdm(starts, desc=f"perplexity x{len(items)} (shared {k} layers)", unit="batch",
-               disable=not show_tqdm, leave=False)
     with tap(ref, boundaries=[k]) as prefix:
-        for i, start in enumerate(bar):
+        for start in counted(starts, progress, f"perplexity x{len(items)} (shared {k} layers)"):
             batch_ids = ids[start:start + batch_size]  # (B, T)
             batch_mask = None if mask is None else mask[start:start + batch_size]
             t0 = time.perf_counter()
@@ -144,20 +139,13 @@ def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, sha
                 tally = tallies[name]
                 tally.nll, tally.tokens = tally.nll + nll, tally.tokens + count
                 tally.seconds += time.perf_counter() - t1 + share_s
-            if progress:
-                progress(i + 1, len(starts))
     return {name: _result(tallies[name], model, windows, name) for name, model in items}
 
 
-def _separately(items, windows, batch_size, progress, show_tqdm) -> dict[str, PerplexityResult]:
-    """Plain ``perplexity`` per model (nothing to share); progress counts batches over all models."""
-    per_model = -(-windows.input_ids.size(0) // batch_size)
-    out = {}
-    for j, (name, model) in enumerate(items):
-        step = (lambda done, _n, j=j: progress(j * per_model + done, per_model * len(items))) if progress else None
-        out[name] = perplexity(model, windows, batch_size=batch_size, progress=step,
-                               show_tqdm=show_tqdm, label=name)
-    return out
+def _separately(items, windows, batch_size, progress) -> dict[str, PerplexityResult]:
+    """Plain ``perplexity`` per model (nothing to share); one progress stage per model."""
+    return {name: perplexity(model, windows, batch_size=batch_size, progress=progress, label=name)
+            for name, model in items}
 
 
 def _result(tally: _Tally, model: nn.Module, windows, label: str) -> PerplexityResult:

@@ -41,6 +41,7 @@ from torch import nn
 
 from ghosted.assets import cache_dir, file_sha256
 from ghosted.calibration import CalibrationConfig, Gap, collect_stats
+from ghosted.core.progress import Progress, for_stage
 from ghosted.stats import BoundaryStats, TokenReservoir
 
 FORMAT = 1  # bump when the stored layout changes: older entries then simply stop matching
@@ -351,8 +352,9 @@ def resolve_cache(cache) -> StatsCache | None:
 
 
 def collect_cached(cache: StatsCache | None, identity: dict | None, model: nn.Module, windows,
-                   gaps: list[Gap], config: CalibrationConfig, *, sink_detector=None, progress=None,
-                   show_tqdm: bool = True) -> tuple[dict[Gap, BoundaryStats], str]:
+                   gaps: list[Gap], config: CalibrationConfig, *, sink_detector=None,
+                   progress: Progress | None = None, label: str = "calibration"
+                   ) -> tuple[dict[Gap, BoundaryStats], str]:
     """``collect_stats`` through the cache: (statistics, "reused" or "computed").
 
     Without a cache or an identity this is ``collect_stats`` itself. A stored entry is returned
@@ -361,15 +363,14 @@ def collect_cached(cache: StatsCache | None, identity: dict | None, model: nn.Mo
     """
     if cache is None or identity is None:
         return collect_stats(model, windows, gaps, config, sink_detector=sink_detector,
-                             progress=progress, show_tqdm=show_tqdm), "computed"
+                             progress=progress, label=label), "computed"
     key = cache_key(identity, model, windows, gaps, config, sink_detector)
     stored = cache.load(key, sink_detector)
     if stored is not None and set(stored) == set(gaps):
-        if progress:
-            progress(1, 1)
+        for_stage(progress, f"{label} (reused)")(1, 1)
         return stored, "reused"
     stats = collect_stats(model, windows, gaps, config, sink_detector=sink_detector, progress=progress,
-                          show_tqdm=show_tqdm)
+                          label=label)
     try:
         cache.store(key, stats, sink_detector)
     except OSError as err:

@@ -34,10 +34,9 @@ from torch import nn
 from ghosted.arch import hidden_of, layers_of, num_layers
 from ghosted.calibration import Gap
 from ghosted.capture import StopForward, input_device, tap
+from ghosted.core.progress import Progress, for_stage
 from ghosted.operators import FFNOperator
 from ghosted.pruning import build_variant
-
-Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 
 @dataclass
@@ -134,6 +133,7 @@ def train_block(block: nn.Module, apply: Callable, pairs: Pairs, heldout: Pairs 
     held_before = None if heldout is None else _relative_error(apply, heldout, cfg.batch_windows)
     best = (held_before if held_before is not None else math.inf, _state(block))
     losses, step = [], 0
+    report_step = for_stage(progress, f"training {gap}")
     block.train()
     for _epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=gen)
@@ -150,8 +150,7 @@ def train_block(block: nn.Module, apply: Callable, pairs: Pairs, heldout: Pairs 
             optimizer.zero_grad(set_to_none=True)
             total_sq, total_count = total_sq + float(sq.detach()), total_count + count
             step += 1
-            if progress:
-                progress(f"training {gap}", step, total)
+            report_step(step, total)
         losses.append(total_sq / max(total_count, 1))
         if heldout is not None:
             err = _relative_error(apply, heldout, cfg.batch_windows)

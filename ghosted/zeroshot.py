@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
 from torch import nn
 
+from ghosted.core.progress import Progress, counted, message
+
 PAPER_TASKS = ["arc_easy", "arc_challenge", "hellaswag", "winogrande", "boolq", "openbookqa", "rte",
                "copa", "race"]  # the paper's nine zero-shot tasks (lm-eval names)
-Progress = Callable[[str], None]  # one line per model
 
 
 class ZeroShotUnavailable(RuntimeError):
@@ -87,18 +87,21 @@ def loadable_tasks(names: list[str], task_manager) -> tuple[list[str], dict[str,
 
 def zero_shot(models: dict[str, nn.Module], tokenizer, config: ZeroShotConfig | None = None,
               progress: Progress | None = None) -> ZeroShotResult:
-    """Zero-shot accuracy of each in-memory model on ``config.tasks``; models are not modified."""
+    """Zero-shot accuracy of each in-memory model on ``config.tasks``; models are not modified.
+
+    ``progress`` gets one message per skipped task and per model scored (``result.skipped`` keeps the
+    skipped tasks and why).
+    """
     cfg = config or ZeroShotConfig()
     lm_eval, HFLM, TaskManager = _lm_eval()
     logging.getLogger("lm_eval").setLevel(logging.ERROR)
     manager = TaskManager(include_path=cfg.include_path, include_defaults=cfg.include_defaults)
     tasks, skipped = loadable_tasks(cfg.tasks, manager)
     for task, why in skipped.items():
-        (progress or print)(f"zero-shot: skipping {task}: {why}")
+        message(progress, f"zero-shot: skipping {task}: {why}")
     rows = []
     for name, model in models.items() if tasks else []:
-        if progress:
-            progress(f"zero-shot: {name} on {', '.join(tasks)}")
+        message(progress, f"zero-shot: {name} on {', '.join(tasks)}")
         out = _simple_evaluate(lm_eval, HFLM, model, tokenizer, tasks, manager, cfg)
         rows += _rows(name, out["results"], tasks, cfg.metric)
     return ZeroShotResult(pd.DataFrame(rows, columns=["model", "task", "metric", "value", "stderr"]), skipped)
@@ -129,7 +132,6 @@ def _rows(model: str, results: dict, tasks: list[str], metric: str) -> list[dict
 
 # --- Tasks from the CLI and the app: bundled tasks (Ghosted's scorer) and lm-eval tasks side by side ---
 
-TaskProgress = Callable[[str, int, int], None]  # (stage, done, total)
 METRICS = ("acc", "acc_norm", "loglikelihood")  # reported where a task has them, each with its stderr
 FRAME_COLUMNS = ["model", "task", "metric", "value", "stderr"]
 
@@ -170,9 +172,10 @@ def parse_tasks(text: str | list[str] | None) -> list[str]:
 
 
 def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], limit: int | None = None,
-                   num_fewshot: int = 0, batch_size: int = 8, progress: TaskProgress | None = None,
-                   show_tqdm: bool = True, say: Progress | None = None, ghosted_scorer: bool = True) -> TaskRun:
-    """Score every model on ``tasks``; a task that cannot be run is skipped with one line, not an error.
+                   num_fewshot: int = 0, batch_size: int = 8, progress: Progress | None = None,
+                   ghosted_scorer: bool = True) -> TaskRun:
+    """Score every model on ``tasks``; a task that cannot be run is skipped (``TaskRun.skipped`` says
+    why), not an error.
 
     ``bundled-lastword`` at zero shots is scored by ``ghosted.lastword`` (the shared prefix of the
     variants runs once per batch); every other task, and the bundled one with few-shot examples,
@@ -181,11 +184,10 @@ def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], li
     """
     from ghosted.tasks import BUNDLED_TASKS
 
-    say = say or print
     own = [t for t in tasks if t in BUNDLED_TASKS and num_fewshot == 0 and ghosted_scorer]
     frames, protocols, skipped = [], {}, {}
     for task in own:
-        frames.append(_bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm))
+        frames.append(_bundled_rows(models, tokenizer, limit, batch_size, progress))
         protocols[task] = _lastword_protocol(limit)
     others = [t for t in tasks if t not in own]
     if others:
@@ -193,8 +195,6 @@ def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], li
         frames.append(frame)
         protocols.update(more)
         skipped.update(why)
-    for task, reason in skipped.items():
-        say(f"zero-shot: skipping {task}: {reason}")
     frame = pd.concat([f for f in frames if len(f)], ignore_index=True) if any(len(f) for f in frames) else \
         pd.DataFrame(columns=FRAME_COLUMNS)
     return TaskRun(frame, protocols, skipped)
@@ -206,13 +206,11 @@ def _lastword_protocol(limit: int | None) -> dict:
     return protocol(limit)
 
 
-def _bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm) -> pd.DataFrame:
+def _bundled_rows(models, tokenizer, limit, batch_size, progress) -> pd.DataFrame:
     """``bundled-lastword`` through Ghosted's shared-prefix scorer, as frame rows."""
     from ghosted.lastword import TASK, score_lastword
 
-    step = (lambda done, total: progress(TASK, done, total)) if progress else None
-    scores = score_lastword(models, tokenizer, limit=limit, batch_size=batch_size, progress=step,
-                            show_tqdm=show_tqdm)
+    scores = score_lastword(models, tokenizer, limit=limit, batch_size=batch_size, progress=progress)
     rows = [{"model": name, "task": TASK, "metric": metric, "value": s.as_metrics()[metric],
              "stderr": s.as_metrics()[f"{metric}_stderr"]}
             for name, s in scores.items() for metric in ("acc", "loglikelihood")]
@@ -233,14 +231,10 @@ def _harness_rows(models, tokenizer, tasks, limit, num_fewshot, batch_size, prog
     ok, skipped = loadable_tasks(tasks, manager)
     cfg = ZeroShotConfig(tasks=ok, num_fewshot=num_fewshot, batch_size=batch_size, limit=limit)
     rows, protocols = [], {}
-    for i, (name, model) in enumerate(models.items() if ok else []):
-        if progress:
-            progress(f"lm-eval {', '.join(ok)}", i, len(models))
+    for name, model in counted(list(models.items()) if ok else [], progress, f"lm-eval {', '.join(ok)}"):
         out = _simple_evaluate(lm_eval, HFLM, model, tokenizer, ok, manager, cfg)
         rows += _harness_metrics(name, out["results"], ok)
         protocols = {t: _harness_protocol(t, out, num_fewshot) for t in ok}
-    if progress and ok:
-        progress(f"lm-eval {', '.join(ok)}", len(models), len(models))
     return pd.DataFrame(rows, columns=FRAME_COLUMNS), protocols, skipped
 
 
@@ -278,13 +272,12 @@ def _harness_version() -> str:
 
 def add_task_results(report: dict, models: dict[str, nn.Module], tokenizer, tasks: list[str],
                      limit: int | None = None, num_fewshot: int = 0, batch_size: int = 8,
-                     progress: TaskProgress | None = None, show_tqdm: bool = True) -> TaskRun | None:
+                     progress: Progress | None = None) -> TaskRun | None:
     """Score ``tasks`` and put them in a run report: per entry ``tasks`` (+ ``task_average``), the
     protocols under ``protocol.tasks`` and the skipped tasks under ``tasks_skipped``."""
     if not tasks:
         return None
-    run = evaluate_tasks(models, tokenizer, tasks, limit, num_fewshot, batch_size, progress, show_tqdm,
-                         say=lambda line: None)  # listed under the printed table instead
+    run = evaluate_tasks(models, tokenizer, tasks, limit, num_fewshot, batch_size, progress)
     average = run.average()
     for entry in report["results"]:
         entry["tasks"] = run.metrics_of(entry["method"])

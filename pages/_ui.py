@@ -20,6 +20,7 @@ import torch
 
 from ghosted.arch import describe, layer_param_count, num_layers
 from ghosted.assets import BUNDLED_MODEL
+from ghosted.core.progress import Progress
 from ghosted.deploy import DeployConfig, from_env
 from ghosted.export import load_any
 from ghosted.loading import LoadedModel, ModelLoadError, source_kind
@@ -48,7 +49,6 @@ RESULTS = (SELECTION, REASON, INFLUENCE, RUN)  # what a model switch invalidates
 USER_ERRORS = (ValueError, TypeError, OSError, ModelLoadError, SourceUnavailableError)
 DEFAULT_SPEC = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "device_map": None,
                 "trust_remote_code": False}
-Progress = Callable[[str, int, int], None]
 
 
 def init_state() -> None:
@@ -230,13 +230,8 @@ def run_job(name: str, label: str, work: Callable[[Progress], object]) -> object
         return None
     try:
         with st.status(label, expanded=True) as status:
-            bar = st.progress(0.0, text="starting")
-
-            def progress(stage: str, done: int, total: int) -> None:
-                bar.progress(min(done / max(total, 1), 1.0), text=f"{stage}: {done}/{total}")
-
             try:
-                result = work(progress)
+                result = work(StreamlitProgress())
             except USER_ERRORS as err:
                 status.update(label=f"{label}: stopped", state="error")
                 st.error(str(err), icon=":material/error:")
@@ -245,6 +240,20 @@ def run_job(name: str, label: str, work: Callable[[Progress], object]) -> object
             return result
     finally:
         st.session_state[BUSY] = None
+
+
+class StreamlitProgress:
+    """``ghosted.core.progress.Progress`` in the app: one ``st.progress`` bar that each stage refills,
+    with ``stage: done/total`` as its text; a message (``total == 0``) is a caption line under it."""
+
+    def __init__(self):
+        self.bar = st.progress(0.0, text="starting")
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if total <= 0:
+            st.caption(stage)
+            return
+        self.bar.progress(min(done / total, 1.0), text=f"{stage}: {done}/{total}")
 
 
 def selection() -> list[int]:

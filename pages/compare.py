@@ -41,9 +41,8 @@ def score(models: dict, windows, batch: int, progress) -> dict:
     try:
         from ghosted.shared_eval import perplexities
     except ImportError:
-        return {name: perplexity(m, windows, batch, show_tqdm=False) for name, m in models.items()}
-    return perplexities(models, windows, batch_size=batch, show_tqdm=False,
-                        progress=lambda done, total: progress("perplexity", done, total))
+        return {name: perplexity(m, windows, batch, progress=progress, label=name) for name, m in models.items()}
+    return perplexities(models, windows, batch_size=batch, progress=progress)
 
 
 def evaluate(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
@@ -155,10 +154,9 @@ def zeroshot(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
     """Accuracy of every variant on the chosen tasks (bundled-lastword shares the variants' prefix)."""
     if not form["tasks"]:
         raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
-    notes: list[str] = []
     run = evaluate_tasks(variants(lm, stored), lm.tokenizer, form["tasks"], limit=form["limit"],
-                         batch_size=stored.config.batch_size, progress=progress, show_tqdm=False,
-                         say=notes.append)
+                         batch_size=stored.config.batch_size, progress=progress)
+    notes = [f"zero-shot: skipping {task}: {why}" for task, why in run.skipped.items()]
     return {"frame": run.frame, "protocols": run.protocols, "skipped": run.skipped, "notes": notes}
 
 

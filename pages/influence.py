@@ -62,7 +62,7 @@ def compute(lm, form: dict, progress) -> dict:
     windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"] + heldout, form["seq_len"], seed=0)
     fit, held = split_calibration(windows, heldout)
     config = InfluenceConfig(metrics=list(form["metrics"]), recoverability_n_values=sorted(form["rec_n"]) or None)
-    report = influence(lm.model, fit, config, heldout=held, progress=progress, show_tqdm=False)
+    report = influence(lm.model, fit, config, heldout=held, progress=progress)
     return {"model": _ui.current_key(), "report": report, "protocol": fit.protocol}
 
 

@@ -71,7 +71,7 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> _ui.StoredRun:
                                   form["seq_len"], form["seed"])
     fit, held = split_calibration(windows, form["heldout"])
     run = recover(lm.model, layers, methods, fit, held, run_cfg.recovery_config(), progress=progress,
-                  show_tqdm=False, cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
+                  cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
     progress("spectra and errors", 0, 1)
     frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
               "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),

@@ -18,6 +18,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prune whole decoder layers from a causal LM and recover them without training.")
     parser.add_argument("--debug", action="store_true",
                         help="show the full traceback of an error (anywhere on the command line)")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bars or progress lines on stderr (anywhere on the command line)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in SUBCOMMANDS:
         try:
@@ -40,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted before or after the subcommand
-    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    args = build_parser().parse_args([a for a in argv if a not in ("--debug", "--quiet")])
+    args.quiet = "--quiet" in argv  # accepted before or after the subcommand, like --debug
     try:
         return int(args.handler(args) or 0)
     except USER_ERRORS as err:

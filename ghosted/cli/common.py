@@ -53,6 +53,14 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
                         "forward passes) without loading weights or computing anything")
 
 
+def progress_from_args(args):
+    """The progress of a command's work: tqdm bars on stderr, none with ``--quiet``; use it as
+    ``with progress_from_args(args) as progress:`` so every bar is closed however the work ends."""
+    from ghosted.core.progress import TqdmProgress
+
+    return TqdmProgress(disable=getattr(args, "quiet", False))
+
+
 def facts_from_args(args):
     """The model's layer count and positions from its config alone (for ``--dry-run``)."""
     from ghosted.validate import model_facts

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from ghosted.cli.common import (
-    add_dry_run, add_model_args, add_text_args, check_output_folder, facts_from_args, load_from_args)
+    add_dry_run, add_model_args, add_text_args, check_output_folder, facts_from_args, load_from_args,
+    progress_from_args)
 from ghosted.recover import METHODS
 
 
@@ -68,7 +69,9 @@ def handle(args) -> int:
     config = RecoveryConfig(eps=args.eps, solver=args.solver, mode=args.ghost_mode,
                             granularity=args.granularity, replaceme_fold=not args.no_fold, rank=args.rank,
                             calibration=CalibrationConfig(batch_size=args.batch_size, seed=args.seed))
-    run = recover(lm.model, drop, [args.method], fit, heldout, config, cache=not args.no_cache)
+    with progress_from_args(args) as progress:
+        run = recover(lm.model, drop, [args.method], fit, heldout, config, progress=progress,
+                      cache=not args.no_cache)
     out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run,
                          overwrite=args.overwrite)
     print(describe_folder(out))

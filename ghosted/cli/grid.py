@@ -7,7 +7,7 @@ import sys
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
-    task_options)
+    progress_from_args, task_options)
 
 
 def _list(text: str) -> list[str]:
@@ -67,8 +67,9 @@ def handle(args) -> int:
         print(plan_grid(cfg, facts_from_args(args)))
         return 0
     try:
-        result = run_grid(cfg, loaded=load_from_args(args), progress=lambda line: print(line, file=sys.stderr),
-                          out_dir=args.out_dir, resume=args.resume)
+        with progress_from_args(args) as progress:
+            result = run_grid(cfg, loaded=load_from_args(args), progress=progress, out_dir=args.out_dir,
+                              resume=args.resume)
     except KeyboardInterrupt as err:
         partial = getattr(err, "partial_result", None)
         if partial is not None and not partial.frame.empty:

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ghosted.cli.common import (
-    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args)
+    add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args, progress_from_args)
 
 GROUPS = {"single": "every criterion of the one shared forward pass (incl. recoverability)",
           "all": "everything, incl. ppl_single and sleb (one forward pass per candidate layer) and taylor "
@@ -97,7 +97,8 @@ def handle(args) -> int:
     calib = calibration_windows(lm.tokenizer, args.calib, args.calib_seqs + args.heldout_seqs, args.seq_len,
                                 args.seed)
     fit, held = split_calibration(calib, args.heldout_seqs)
-    report = influence(lm.model, fit, cfg, heldout=held)
+    with progress_from_args(args) as progress:
+        report = influence(lm.model, fit, cfg, heldout=held, progress=progress)
     report.meta["model"] = lm.name
     shown = report.meta["n_values"] if n_values else _typical_n(report.num_layers)
     chosen = selections(report, report.meta["n_values"])

@@ -7,7 +7,7 @@ import sys
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
-    task_options, write_json)
+    progress_from_args, task_options, write_json)
 from ghosted.methods import methods_help
 
 
@@ -71,7 +71,8 @@ def handle(args) -> int:
         print(plan_run(cfg, facts_from_args(args)))
         return 0
     try:
-        report, _ = run_experiment(cfg, loaded=load_from_args(args))
+        with progress_from_args(args) as progress:
+            report, _ = run_experiment(cfg, loaded=load_from_args(args), progress=progress)
     except (Exception, KeyboardInterrupt) as err:
         return report_stopped(args, err)
     print(format_table(report))

@@ -97,6 +97,6 @@ def test_every_criterion_comes_from_one_influence_call_with_recoverability_token
 
     lm = load_cached(**app.session_state[MODEL])  # the same numbers from the library, called directly
     fit, held = split_calibration(calibration_windows(lm.tokenizer, "bundled:news", 4 + 4, 64, seed=0), 4)
-    direct = influence(lm.model, fit, InfluenceConfig(metrics=["recoverability_token"], n_values=[4]),
-                       show_tqdm=False).matrix("recoverability_token")
+    config = InfluenceConfig(metrics=["recoverability_token"], n_values=[4])
+    direct = influence(lm.model, fit, config).matrix("recoverability_token")
     assert report.matrix("recoverability_token").to_numpy() == pytest.approx(direct.to_numpy(), rel=1e-6)

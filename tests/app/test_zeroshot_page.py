@@ -44,7 +44,7 @@ def test_accuracy_of_every_variant_is_stored_and_right(scored):
     lm = load_cached(**at.session_state[MODEL])
     run = at.session_state["ghosted.run"].run
     models = {"dense": lm.model, "pruned": run.results["none"].model, "ghost-auto": run.results["ghost-auto"].model}
-    again = score_lastword(models, lm.tokenizer, limit=EXAMPLES, share=False, show_tqdm=False)
+    again = score_lastword(models, lm.tokenizer, limit=EXAMPLES, share=False)
     assert list(acc.value) == [again[m].acc for m in models]  # the page's numbers, computed independently
 
 

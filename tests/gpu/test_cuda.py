@@ -29,7 +29,7 @@ def gpu_run(gpu_model):
     from ghosted.text import calibration_windows
 
     calib = calibration_windows(gpu_model.tokenizer, "bundled:news", 32, 256)
-    return recover(gpu_model.model, DROP, ["none", "ghost", "replaceme-ls"], calib, show_tqdm=False)
+    return recover(gpu_model.model, DROP, ["none", "ghost", "replaceme-ls"], calib)
 
 
 def test_model_is_on_cuda_in_bf16(gpu_model):
@@ -47,9 +47,9 @@ def test_ghost_recovers_perplexity_on_cuda(gpu_model, gpu_run):
     from ghosted.text import evaluation_windows
 
     windows = evaluation_windows(gpu_model.tokenizer, "bundled:wiki", 8192, 512)
-    dense = perplexity(gpu_model.model, windows, show_tqdm=False)
-    pruned = perplexity(gpu_run.results["none"].model, windows, show_tqdm=False)
-    ghost = perplexity(gpu_run.results["ghost"].model, windows, show_tqdm=False)
+    dense = perplexity(gpu_model.model, windows)
+    pruned = perplexity(gpu_run.results["none"].model, windows)
+    ghost = perplexity(gpu_run.results["ghost"].model, windows)
     assert dense.protocol["device"].startswith("cuda") and dense.protocol["dtype"] == "bfloat16"
     assert all(math.isfinite(r.ppl) for r in (dense, pruned, ghost))
     assert dense.ppl < ghost.ppl < pruned.ppl
@@ -94,9 +94,9 @@ def test_tiny_model_split_over_gpu_cpu_and_disk(tmp_path):
                                                    offload_folder=str(tmp_path / "off")).eval()
     ids = random_ids(8, 24, seed=1)
     calib = TokenWindows(ids, torch.ones_like(ids), {"source": "random ids"})
-    ref = recover(dense.cuda(), "2-3", ["ghost"], calib, show_tqdm=False)
-    got = recover(sharded, "2-3", ["ghost"], calib, show_tqdm=False)
+    ref = recover(dense.cuda(), "2-3", ["ghost"], calib)
+    got = recover(sharded, "2-3", ["ghost"], calib)
     stats = next(iter(got.results["ghost"].stats.values()))
     assert stats.xtx.device.type == "cuda"  # the device where layer 1 (before the gap) runs
-    assert perplexity(got.results["ghost"].model, calib, show_tqdm=False).ppl == pytest.approx(
-        perplexity(ref.results["ghost"].model, calib, show_tqdm=False).ppl, rel=1e-4)
+    assert perplexity(got.results["ghost"].model, calib).ppl == pytest.approx(
+        perplexity(ref.results["ghost"].model, calib).ppl, rel=1e-4)

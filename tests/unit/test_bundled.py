@@ -25,7 +25,7 @@ def test_bundled_model_facts(bundled):
 
 
 def test_perplexity_matches_direct_labels_computation(bundled, eval_windows):
-    res = perplexity(bundled.model, eval_windows, batch_size=2, show_tqdm=False)
+    res = perplexity(bundled.model, eval_windows, batch_size=2)
     total, count = 0.0, 0
     with torch.no_grad():
         for row in eval_windows.input_ids:
@@ -76,7 +76,7 @@ def test_generation_leaves_the_shared_tokenizer_and_config_alone(bundled):
 def test_recovered_bundled_model_generates_with_kv_cache(bundled):
     calib = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=4, seq_len=64)
     held = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=2, seq_len=64, seed=1)
-    run = recover(bundled.model, "20-26", ["ghost", "ghost-robust"], calib, held, show_tqdm=False)
+    run = recover(bundled.model, "20-26", ["ghost", "ghost-robust"], calib, held)
     for method in ("ghost", "ghost-robust"):
         model = run.results[method].model
         with_cache = generate(model, bundled.tokenizer, ["The history of the city"], max_new_tokens=10)
@@ -88,7 +88,7 @@ def test_recovered_bundled_model_generates_with_kv_cache(bundled):
 def test_sink_is_found_at_position_zero(bundled):
     calib = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=4, seq_len=64)
     held = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=2, seq_len=64, seed=1)
-    run = recover(bundled.model, "9-19", ["ghost-robust"], calib, held, show_tqdm=False)
+    run = recover(bundled.model, "9-19", ["ghost-robust"], calib, held)
     row = run.sinks.iloc[0]
     assert row.sink_tokens == 4 and row.positions == "0 (×4)"
     assert row.delta_share > 0.5  # the sink born inside [9, 20) carries most of ‖Δ‖²

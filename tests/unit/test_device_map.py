@@ -72,8 +72,8 @@ def test_offloaded_embedding_still_takes_tokens_on_cpu(sharded):
 def test_calibrate_ghost_perplexity_generate_match_the_unsharded_model(dense, sharded):
     calib, ids = windows(), random_ids(2, 12, seed=3)
     assert torch.allclose(logits(sharded, ids), logits(dense, ids), atol=1e-5)
-    ref = recover(dense, DROP, ["none", "ghost"], calib, show_tqdm=False)
-    got = recover(sharded, DROP, ["none", "ghost"], calib, show_tqdm=False)
+    ref = recover(dense, DROP, ["none", "ghost"], calib)
+    got = recover(sharded, DROP, ["none", "ghost"], calib)
     gap = next(iter(ref.results["ghost"].stats))
     ref_stats, got_stats = ref.results["ghost"].stats[gap], got.results["ghost"].stats[gap]
     # float64 sums of float32 hidden states; the solve amplifies their round-off by at most cond(XᵀX)
@@ -82,17 +82,17 @@ def test_calibrate_ghost_perplexity_generate_match_the_unsharded_model(dense, sh
     solve_tol = TINY_MODEL_TOL * float(torch.linalg.cond(ref_stats.xtx))
     assert_close_on_scale(got.results["ghost"].operators[gap], ref.results["ghost"].operators[gap], solve_tol)
     for method in ("none", "ghost"):
-        ppl_ref = perplexity(ref.results[method].model, calib, show_tqdm=False).ppl
-        ppl_got = perplexity(got.results[method].model, calib, show_tqdm=False).ppl
+        ppl_ref = perplexity(ref.results[method].model, calib).ppl
+        ppl_got = perplexity(got.results[method].model, calib).ppl
         assert ppl_got == pytest.approx(ppl_ref, rel=1e-5)
         # greedy tokens: the logits above agree to round-off, far below the top-two logit gap of these seeds
         assert torch.equal(greedy(got.results[method].model, ids), greedy(ref.results[method].model, ids))
-    ppl_none = perplexity(got.results["none"].model, calib, show_tqdm=False).ppl
-    assert ppl_none != pytest.approx(perplexity(got.results["ghost"].model, calib, show_tqdm=False).ppl)
+    ppl_none = perplexity(got.results["none"].model, calib).ppl
+    assert ppl_none != pytest.approx(perplexity(got.results["ghost"].model, calib).ppl)
 
 
 def test_statistics_live_on_the_execution_device_not_meta(sharded):
-    run = recover(sharded, DROP, ["ghost"], windows(), show_tqdm=False)
+    run = recover(sharded, DROP, ["ghost"], windows())
     for stats in run.results["ghost"].stats.values():
         assert stats.xtx.device == torch.device("cpu") and stats.xtx.dtype == torch.float64
     for op in run.results["ghost"].model.model.layers[2].ghosted_post:
@@ -104,7 +104,7 @@ def test_the_sharded_model_is_not_changed(sharded):
     before = logits(sharded, ids)
     hooks = {name: module._hf_hook for name, module in sharded.named_modules() if hasattr(module, "_hf_hook")}
     run = recover(sharded, DROP, ["ghost", "replaceme-ls"], windows(),
-                  config=RecoveryConfig(replaceme_fold=False), show_tqdm=False)
+                  config=RecoveryConfig(replaceme_fold=False))
     greedy(run.results["ghost"].model, ids)
     assert torch.equal(logits(sharded, ids), before)  # untouched: same bits (same machine, same thread count)
     assert len(sharded.model.layers) == 6 and not hasattr(sharded.model.layers[2], "ghosted_post")
@@ -116,18 +116,18 @@ def test_the_sharded_model_is_not_changed(sharded):
 def test_replaceme_on_an_offloaded_layer(dense, sharded):
     calib, ids = windows(), random_ids(2, 12, seed=3)
     with pytest.raises(ValueError, match="offloaded"):  # folding into "meta" would be silently lost
-        recover(sharded, DROP, ["replaceme-ls"], calib, show_tqdm=False)
+        recover(sharded, DROP, ["replaceme-ls"], calib)
     hooked = RecoveryConfig(replaceme_fold=False)
-    ref = recover(dense, DROP, ["replaceme-ls"], calib, config=hooked, show_tqdm=False)
-    got = recover(sharded, DROP, ["replaceme-ls"], calib, config=hooked, show_tqdm=False)
+    ref = recover(dense, DROP, ["replaceme-ls"], calib, config=hooked)
+    got = recover(sharded, DROP, ["replaceme-ls"], calib, config=hooked)
     assert torch.allclose(logits(got.results["replaceme-ls"].model, ids),
                           logits(ref.results["replaceme-ls"].model, ids), atol=1e-5)
 
 
 def test_save_a_sharded_recovered_model_and_load_it_whole(dense, sharded, tmp_path):
     calib, ids = windows(), random_ids(2, 12, seed=3)
-    got = recover(sharded, DROP, ["ghost"], calib, show_tqdm=False)
-    ref = recover(dense, DROP, ["ghost"], calib, show_tqdm=False)
+    got = recover(sharded, DROP, ["ghost"], calib)
+    ref = recover(dense, DROP, ["ghost"], calib)
     with pytest.warns(UserWarning, match="offloaded"):  # transformers reloads offloaded weights
         folder = save_recovered(got.results["ghost"].model, tmp_path / "saved", recipe=got)
     loaded = load_recovered(folder, device="cpu").model
@@ -137,7 +137,7 @@ def test_save_a_sharded_recovered_model_and_load_it_whole(dense, sharded, tmp_pa
 
 def test_load_recovered_with_a_device_map(dense, tmp_path):
     calib, ids = windows(), random_ids(2, 12, seed=3)
-    run = recover(dense, DROP, ["ghost"], calib, show_tqdm=False)
+    run = recover(dense, DROP, ["ghost"], calib)
     folder = save_recovered(run.results["ghost"].model, tmp_path / "saved", recipe=run)
     device_map = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu",
                   "model.layers.1": "cpu", "model.layers.2": "disk", "model.layers.3": "disk",

@@ -46,8 +46,7 @@ def assert_clean_load(info: dict) -> None:
 ])
 def test_roundtrip_gives_identical_logits(tmp_path, family, drop, methods):
     model = tiny_model(family)
-    run = recover(model, drop, methods, windows(), config=RecoveryConfig(granularity="layer"),
-                  show_tqdm=False)
+    run = recover(model, drop, methods, windows(), config=RecoveryConfig(granularity="layer"))
     for method in methods:
         recovered = run.results[method].model
         folder = save_recovered(recovered, tmp_path / method, recipe=run)
@@ -64,8 +63,7 @@ def test_roundtrip_gives_identical_logits(tmp_path, family, drop, methods):
 
 def test_operator_order_and_sites_are_kept(tmp_path):
     model = tiny_model("llama")
-    run = recover(model, "0,1,4", ["ghost"], windows(), config=RecoveryConfig(granularity="layer"),
-                  show_tqdm=False)
+    run = recover(model, "0,1,4", ["ghost"], windows(), config=RecoveryConfig(granularity="layer"))
     folder = save_recovered(run.results["ghost"].model, tmp_path / "g", recipe=run)
     sites = [(o["layer"], o["position"], o["order"], tuple(o["boundary"])) for o in read_recipe(folder)["operators"]]
     assert sites == [(0, "before", 0, (0, 1)), (0, "before", 1, (1, 2)), (1, "after", 0, (4, 5))]
@@ -79,7 +77,7 @@ def test_operator_order_and_sites_are_kept(tmp_path):
 
 def test_weights_file_has_no_operator_keys_and_config_is_updated(tmp_path):
     model = tiny_model("gemma3")
-    run = recover(model, "1,3", ["ghost"], windows(), show_tqdm=False)
+    run = recover(model, "1,3", ["ghost"], windows())
     folder = save_recovered(run.results["ghost"].model, tmp_path / "g", recipe=run)
     with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
         keys = list(handle.keys())
@@ -93,7 +91,7 @@ def test_weights_file_has_no_operator_keys_and_config_is_updated(tmp_path):
 
 def test_folded_replaceme_is_a_plain_checkpoint(tmp_path):
     model = tiny_model("llama")
-    run = recover(model, "2-3", ["replaceme-ls"], windows(), show_tqdm=False)
+    run = recover(model, "2-3", ["replaceme-ls"], windows())
     recovered = run.results["replaceme-ls"].model
     assert operators_of(recovered) == []  # folded into down_proj
     folder = save_recovered(recovered, tmp_path / "rm", recipe=run)
@@ -104,13 +102,13 @@ def test_folded_replaceme_is_a_plain_checkpoint(tmp_path):
     assert_clean_load(info)
     assert torch.equal(logits(plain), logits(recovered))  # same weights, same bits (same machine, same thread count)
     assert torch.equal(logits(load_recovered(folder, device="cpu").model), logits(recovered))
-    pruned = recover(model, "2-3", ["none"], windows(), show_tqdm=False).results["none"].model
+    pruned = recover(model, "2-3", ["none"], windows()).results["none"].model
     assert not torch.allclose(logits(plain), logits(pruned))  # the fold is in the saved weights
 
 
 def test_resaving_a_plain_model_removes_stale_operators(tmp_path):
     model = tiny_model("llama")
-    run = recover(model, "2-3", ["ghost", "none"], windows(), show_tqdm=False)
+    run = recover(model, "2-3", ["ghost", "none"], windows())
     folder = save_recovered(run.results["ghost"].model, tmp_path / "m", recipe=run)
     assert (folder / OPERATORS_FILE).exists()
     save_recovered(run.results["none"].model, folder, recipe=run, overwrite=True)
@@ -122,7 +120,7 @@ def test_resaving_a_plain_model_removes_stale_operators(tmp_path):
 def test_recipe_records_how_the_model_was_made(tmp_path):
     model = tiny_model("llama")
     calib = windows()
-    run = recover(model, "3-4", ["ghost"], calib, config=RecoveryConfig(eps=1e-4), show_tqdm=False)
+    run = recover(model, "3-4", ["ghost"], calib, config=RecoveryConfig(eps=1e-4))
     folder = save_recovered(run.results["ghost"].model, tmp_path / "g", recipe=run)
     recipe = json.loads((folder / RECIPE_FILE).read_text())
     assert recipe["dropped_layers"] == [3, 4] and recipe["dropped_spec"] == "3-4"
@@ -139,7 +137,7 @@ def test_recipe_records_how_the_model_was_made(tmp_path):
 
 def test_recipe_without_a_run_is_inferred_and_extra_fields_override(tmp_path):
     model = tiny_model("llama")
-    run = recover(model, "4-5", ["ghost"], windows(), show_tqdm=False)  # drops the last two layers
+    run = recover(model, "4-5", ["ghost"], windows())  # drops the last two layers
     folder = save_recovered(run.results["ghost"].model, tmp_path / "g", recipe={"note": "hello"})
     recipe = read_recipe(folder)
     assert recipe["dropped_layers"] == [4, 5]  # the operator's gap end says the base had 6 layers
@@ -149,7 +147,7 @@ def test_recipe_without_a_run_is_inferred_and_extra_fields_override(tmp_path):
 def test_saving_never_changes_the_model(tmp_path):
     model = tiny_model("llama")
     before = logits(model)
-    run = recover(model, "2-3", ["ghost"], windows(), show_tqdm=False)
+    run = recover(model, "2-3", ["ghost"], windows())
     recovered = run.results["ghost"].model
     keys = list(recovered.state_dict())
     out = logits(recovered)
@@ -161,7 +159,7 @@ def test_saving_never_changes_the_model(tmp_path):
 
 def test_unknown_operator_type_is_refused(tmp_path):
     model = tiny_model("llama")
-    recovered = recover(model, "2-3", ["ghost"], windows(), show_tqdm=False).results["ghost"].model
+    recovered = recover(model, "2-3", ["ghost"], windows()).results["ghost"].model
     chain = recovered.model.layers[1].ghosted_post
     chain[0].__class__ = type("HomeMadeOperator", (torch.nn.Module,), {"forward": chain[0].forward})
     with pytest.raises(ValueError, match="HomeMadeOperator"):
@@ -173,7 +171,7 @@ def test_robust_operator_roundtrip(tmp_path):
     model = tiny_model("llama")
     calib = windows()
     run = recover(model, "2-3", ["ghost-robust"], calib, windows(4, seed=2),
-                  RecoveryConfig(sink_map="affine"), show_tqdm=False)
+                  RecoveryConfig(sink_map="affine"))
     recovered = run.results["ghost-robust"].model
     folder = save_recovered(recovered, tmp_path / "r", recipe=run)
     loaded = load_recovered(folder, device="cpu").model
@@ -192,7 +190,7 @@ def test_bundled_model_with_seven_layers_dropped(bundled, tmp_path):
     from ghosted.text import calibration_windows, evaluation_windows
 
     calib = calibration_windows(bundled.tokenizer, "bundled:news", 8, 128)  # 1024 tokens
-    run = recover(bundled.model, "20-26", ["ghost"], calib, show_tqdm=False)
+    run = recover(bundled.model, "20-26", ["ghost"], calib)
     recovered = run.results["ghost"].model
     folder = save_recovered(recovered, tmp_path / "smollm2-ghost", bundled, recipe=run)
     names = {p.name for p in folder.iterdir()}

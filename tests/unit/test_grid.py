@@ -47,7 +47,7 @@ def small_config(**overrides) -> GridConfig:
 @pytest.fixture(scope="module")
 def tiny_grid():
     lm = tiny_loaded()
-    return lm, run_grid(small_config(), loaded=lm, show_tqdm=False)
+    return lm, run_grid(small_config(), loaded=lm)
 
 
 def test_every_setting_method_and_text_has_a_row(tiny_grid):
@@ -76,7 +76,7 @@ def test_layers_are_the_criteria_choices(tiny_grid):
     cfg = small_config()
     fit, held = split_calibration(calibration_windows(lm.tokenizer, cfg.calib, 8, 32, 0), 2)
     report = influence(lm.model, fit, InfluenceConfig(metrics=["seqcos_streamline", "seqcos_shortgpt"],
-                                                      n_values=[2, 3], batch_size=2), heldout=held, show_tqdm=False)
+                                                      n_values=[2, 3], batch_size=2), heldout=held)
     for (selection, n, layers), _ in result.frame.groupby(["selection", "n", "layers"]):
         chosen, _ = select(report, grid_module.ALIASES[selection], n)
         assert layers == format_layers(chosen)
@@ -89,12 +89,12 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
     for source in cfg.evals:
         windows = capped_evaluation_windows(lm.tokenizer, source, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
         rows = result.frame[result.frame["eval"] == source]
-        dense = perplexity(lm.model, windows, batch_size=2, show_tqdm=False).ppl
+        dense = perplexity(lm.model, windows, batch_size=2).ppl
         # the grid's shared evaluation runs the same float32 ops as evaluating alone (same machine, same
         # thread count): only float64 sums may differ
         assert rows[rows.method == "dense"].ppl.tolist() == pytest.approx([dense] * 4, rel=FLOAT64_REL)
         for layers, group in rows[rows.method == "none"].groupby("layers"):
-            pruned = perplexity(prune(lm.model, layers), windows, batch_size=2, show_tqdm=False).ppl
+            pruned = perplexity(prune(lm.model, layers), windows, batch_size=2).ppl
             assert group.ppl.tolist() == pytest.approx([pruned] * len(group), rel=FLOAT64_REL)
 
 
@@ -108,7 +108,7 @@ def test_same_layers_are_fitted_once(monkeypatch):
     monkeypatch.setattr(grid_module, "recover", counting)
     cfg = small_config(selections=["streamline", "seqcos_streamline"], n_values=[2], methods=["none", "ghost"],
                        evals=["bundled:wiki"])
-    result = run_grid(cfg, loaded=tiny_loaded(), show_tqdm=False)
+    result = run_grid(cfg, loaded=tiny_loaded())
     assert len(calls) == 1  # the alias and its criterion pick the same block
     assert len(result.frame) == 4  # 2 selections x 2 methods
 
@@ -156,7 +156,7 @@ def test_cli_builds_the_config(monkeypatch, tmp_path, capsys):
 
     seen = {}
 
-    def fake_run(cfg, loaded=None, progress=None, show_tqdm=True, **_):
+    def fake_run(cfg, loaded=None, progress=None, **_):
         seen["cfg"] = cfg
         return grid_module.GridResult(pd.DataFrame([{"selection": "shortgpt", "n": 7, "layers": "1", "eval": "x",
                                                       "method": "dense", "ppl": 3.0}]), {"seconds": 1.0})

@@ -82,7 +82,7 @@ def test_nan_activations_stop_calibration_naming_the_gap_and_the_cause(dtype, ca
     NaNAfter(layers_of(model)[1])  # the stream entering layer 2 (and everything after) holds a NaN
     calls = forward_counter(model)
     with pytest.raises(NonFiniteError) as caught:
-        recover(model, "3-4", ["ghost"], windows(), windows(2, seed=1), show_tqdm=False)
+        recover(model, "3-4", ["ghost"], windows(), windows(2, seed=1))
     message = str(caught.value)
     assert "[3, 5)" in message and cause in message
     assert "windows [0]" in message and len(calls) == 1  # stopped on the first batch
@@ -123,9 +123,9 @@ def test_non_finite_logits_are_an_error_not_ppl_nan():
     model = tiny_model("llama", layers=4)
     NaNAfter(layers_of(model)[3])
     with pytest.raises(NonFiniteError, match="non-finite logits.*in float32: check its weights"):
-        perplexity(model, windows(2), show_tqdm=False, label="pruned")
+        perplexity(model, windows(2), label="pruned")
     with pytest.raises(NonFiniteError, match="dense"):
-        perplexities({"dense": model, "again": model}, windows(2), show_tqdm=False)
+        perplexities({"dense": model, "again": model}, windows(2))
 
 
 # --- eps ------------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_recover_refuses_nan_eps_before_any_forward_pass():
     model = tiny_model("llama", layers=6)
     calls = forward_counter(model)
     with pytest.raises(ValueError, match="nan"):
-        recover(model, "2-3", ["ghost"], windows(), config=RecoveryConfig(eps=float("nan")), show_tqdm=False)
+        recover(model, "2-3", ["ghost"], windows(), config=RecoveryConfig(eps=float("nan")))
     assert calls == []
 
 
@@ -160,7 +160,7 @@ def test_fewer_tokens_than_the_width_warn_with_the_tokens_needed():
     model = tiny_model("llama", layers=6)
     fit = windows(2, 8)  # 16 tokens for a 32-wide stream
     with pytest.warns(IllConditionedFitWarning) as caught:
-        run = recover(model, "2-3", ["none", "ghost"], fit, show_tqdm=False)
+        run = recover(model, "2-3", ["none", "ghost"], fit)
     message = str(caught[0].message)
     assert "[2, 4)" in message and "16 calibration tokens" in message and f"{WIDTH}-wide" in message
     assert f"at least {4 * WIDTH} calibration tokens" in message and "16 sequences of 8" in message
@@ -171,8 +171,7 @@ def test_one_warning_per_gap_however_many_ghost_methods():
     model = tiny_model("llama", layers=6)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run = recover(model, "1,3", ["ghost", "ghost-robust", "ghost-auto"], windows(2, 8), windows(2, 8, seed=1),
-                      show_tqdm=False)
+        run = recover(model, "1,3", ["ghost", "ghost-robust", "ghost-auto"], windows(2, 8), windows(2, 8, seed=1))
     ours = [str(w.message) for w in caught if issubclass(w.category, IllConditionedFitWarning)]
     assert len(ours) == 2 and "[1, 2)" in ours[0] and "[3, 4)" in ours[1]
     assert run.warnings == ours
@@ -183,7 +182,7 @@ def test_enough_tokens_do_not_warn():
     model = tiny_model("llama", layers=6)
     with warnings.catch_warnings():
         warnings.simplefilter("error", IllConditionedFitWarning)
-        run = recover(model, "2-3", ["ghost", "replaceme-ls"], windows(8, 24), show_tqdm=False)
+        run = recover(model, "2-3", ["ghost", "replaceme-ls"], windows(8, 24))
     assert run.warnings == []
 
 
@@ -191,7 +190,7 @@ def test_plain_pruning_and_baselines_alone_do_not_check_conditioning():
     model = tiny_model("llama", layers=6)
     with warnings.catch_warnings():
         warnings.simplefilter("error", IllConditionedFitWarning)
-        assert recover(model, "2-3", ["none", "linearpatch-diag"], windows(2, 8), show_tqdm=False).warnings == []
+        assert recover(model, "2-3", ["none", "linearpatch-diag"], windows(2, 8)).warnings == []
 
 
 def test_a_huge_condition_number_warns_even_with_many_tokens():
@@ -230,36 +229,36 @@ def test_all_padding_windows_are_an_error_not_perplexity_one():
     w = windows(3, 16)
     w.attention_mask[:] = 0
     with pytest.raises(ValueError, match="No token would be scored in the 3 evaluation windows.*padding"):
-        perplexity(model, w, show_tqdm=False)
+        perplexity(model, w)
     with pytest.raises(ValueError, match="No token would be scored"):
-        perplexities({"dense": model, "other": model}, w, show_tqdm=False)
+        perplexities({"dense": model, "other": model}, w)
     assert calls == []  # refused before any forward pass
 
 
 def test_windows_of_one_token_are_an_error():
     model = tiny_model("llama", layers=4)
     with pytest.raises(ValueError, match="at least 2 tokens"):
-        perplexity(model, windows(4, 1), show_tqdm=False)
+        perplexity(model, windows(4, 1))
 
 
 def test_partly_padded_windows_still_score():
     model = tiny_model("llama", layers=4)
     w = windows(2, 16)
     w.attention_mask[0] = 0  # one window is all padding, the other scores 15 targets
-    assert perplexity(model, w, show_tqdm=False).scored_tokens == 15
+    assert perplexity(model, w).scored_tokens == 15
 
 
 # --- ghost-auto weighs "no operator" --------------------------------------------------------------
 
 def heldout_nll(model, held):
-    return perplexity(model, held, show_tqdm=False).nll
+    return perplexity(model, held).nll
 
 
 def test_ghost_auto_chooses_no_operator_when_that_is_best_on_held_out():
     """A tiny llama whose paper and robust fits both make the held-out windows worse."""
     model = tiny_model("llama", layers=6, seed=2)
     fit, held = windows(8, 16, seed=2), windows(4, 16, seed=102)
-    run = recover(model, "2-3", ["none", "ghost", "ghost-robust", "ghost-auto"], fit, held, show_tqdm=False)
+    run = recover(model, "2-3", ["none", "ghost", "ghost-robust", "ghost-auto"], fit, held)
     choice = run.choices().query("method == 'ghost-auto'").iloc[0]
     nll = {name: heldout_nll(run.results[name].model, held) for name in ("none", "ghost", "ghost-robust")}
     assert nll["none"] < min(nll["ghost"], nll["ghost-robust"])  # the premise, computed independently
@@ -279,7 +278,7 @@ def test_ghost_auto_is_never_worse_than_plain_pruning_on_held_out(family, seed, 
     fit, held = windows(2, 12, seed=seed), windows(3, 16, seed=50 + seed)  # few tokens: overfitting is likely
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", IllConditionedFitWarning)
-        run = recover(model, drop, ["none", "ghost", "ghost-auto"], fit, held, show_tqdm=False)
+        run = recover(model, drop, ["none", "ghost", "ghost-auto"], fit, held)
     auto, none, paper = (heldout_nll(run.results[m].model, held) for m in ("ghost-auto", "none", "ghost"))
     assert auto <= none + 1e-9 and auto <= paper + 1e-9
     assert set(run.choices().query("method == 'ghost-auto'").chosen) <= {"paper", "robust", "none"}

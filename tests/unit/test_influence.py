@@ -94,7 +94,7 @@ def model():
 @pytest.fixture(scope="module")
 def report(model):
     cfg = InfluenceConfig(metrics=SIMILARITY, batch_size=2)
-    return influence(model, padded_windows(), cfg, show_tqdm=False)
+    return influence(model, padded_windows(), cfg)
 
 
 def test_similarities_match_their_definitions_for_every_block(model, report):
@@ -121,7 +121,7 @@ def test_layer_criteria_are_the_n1_blocks(model, report):
 def test_recoverability_matches_the_token_level_definition(model):
     fit, held = padded_windows(), windows_of(random_ids(2, 24, seed=9))
     metrics = ["recoverability", "recoverability_heldout", "recoverability_token"]
-    report = influence(model, fit, InfluenceConfig(metrics=metrics), heldout=held, show_tqdm=False)
+    report = influence(model, fit, InfluenceConfig(metrics=metrics), heldout=held)
     rows = per_sequence_states(model, fit)
     held_states = pre_norm_states(model, held.input_ids)
     for n in (1, 3, 5):
@@ -161,9 +161,8 @@ def test_token_recoverability_is_not_fooled_by_one_huge_token():
 
 def test_recoverability_equals_the_ghost_fit_error_of_recover(model):
     windows = windows_of(random_ids(4, 20, seed=4))
-    report = influence(model, windows, InfluenceConfig(metrics=["recoverability"], n_values=[2]), show_tqdm=False)
-    stats = collect_stats(model, windows, [Gap(3, 5)], CalibrationConfig(replaceme=False, linearpatch=False),
-                          show_tqdm=False)[Gap(3, 5)]
+    report = influence(model, windows, InfluenceConfig(metrics=["recoverability"], n_values=[2]))
+    stats = collect_stats(model, windows, [Gap(3, 5)], CalibrationConfig(replaceme=False, linearpatch=False))[Gap(3, 5)]
     want = relative_error(stats, stream_error(stats, ghost_operator(stats, eps=EPS)))
     # two float32 forward passes (influence's batches and collect_stats'): a ratio in [0, 1]
     assert report.matrix("recoverability").loc[3, 2] == pytest.approx(want, rel=TINY_MODEL_TOL, abs=TINY_MODEL_TOL)
@@ -180,8 +179,7 @@ def test_boundary_L_is_before_the_final_norm():
     norm = get_path(model, spec_for(model).stack).norm
     with torch.no_grad():
         assert torch.allclose(hf[-1].double(), norm(pre[-1].float()).double(), atol=1e-5)  # HF's last is normed
-    sub = influence(model, windows_of(ids), InfluenceConfig(metrics=["streamline_cosine"], n_values=[1]),
-                    show_tqdm=False)
+    sub = influence(model, windows_of(ids), InfluenceConfig(metrics=["streamline_cosine"], n_values=[1]))
     ours = sub.matrix("streamline_cosine").loc[5, 1]
     with_pre = float(F.cosine_similarity(pre[5], pre[6], dim=-1).mean())
     with_hf = float(F.cosine_similarity(pre[5], hf[-1].double(), dim=-1).mean())
@@ -194,7 +192,7 @@ def test_padding_never_counts(model, report):
     garbage = windows.input_ids.clone()
     garbage[2, 15:] = random_ids(1, 9, seed=11)[0]  # different pad ids, same mask
     again = influence(model, windows_of(garbage, windows.attention_mask),
-                      InfluenceConfig(metrics=SIMILARITY, batch_size=2), show_tqdm=False)
+                      InfluenceConfig(metrics=SIMILARITY, batch_size=2))
     # masked pad keys get exactly zero attention, so valid tokens see the same float32 ops whatever the pad
     # ids (same machine, same thread count): only float64 round-off may differ
     pd.testing.assert_frame_equal(again.blocks, report.blocks, rtol=FLOAT64_REL)
@@ -208,7 +206,7 @@ def test_last_valid_index_handles_left_and_right_padding():
 
 def test_restricting_n_values_keeps_the_values_and_the_memory_small(model, report):
     few = influence(model, padded_windows(), InfluenceConfig(metrics=["recoverability"], n_values=[1, 5],
-                                                             batch_size=2), show_tqdm=False)
+                                                             batch_size=2))
     assert sorted(set(few.blocks.n)) == [1, 5]
     full = report.blocks[report.blocks.metric == "recoverability"]
     merged = few.blocks.merge(full, on=["metric", "start", "n", "end"])
@@ -220,7 +218,7 @@ def test_restricting_n_values_keeps_the_values_and_the_memory_small(model, repor
 
 def test_recoverability_can_have_its_own_block_sizes(model, report):
     cfg = InfluenceConfig(metrics=["streamline_cosine", "recoverability"], recoverability_n_values=[2], batch_size=2)
-    mixed = influence(model, padded_windows(), cfg, show_tqdm=False)
+    mixed = influence(model, padded_windows(), cfg)
     assert sorted(set(mixed.blocks[mixed.blocks.metric == "streamline_cosine"].n)) == [1, 2, 3, 4, 5]
     rec = mixed.blocks[mixed.blocks.metric == "recoverability"]  # same forward pass: float64 round-off only
     assert sorted(set(rec.n)) == [2] and mixed.meta["recoverability_n_values"] == [2]
@@ -243,8 +241,7 @@ def test_gram_memory_is_fixed_by_the_blocks_not_the_tokens():
 
 def test_gram_limit_refuses_with_advice(model):
     with pytest.raises(ValueError, match="Restrict n_values"):
-        influence(model, padded_windows(), InfluenceConfig(metrics=["recoverability"], max_gram_gib=1e-6),
-                  show_tqdm=False)
+        influence(model, padded_windows(), InfluenceConfig(metrics=["recoverability"], max_gram_gib=1e-6))
 
 
 def skip_layers(model, removed: set[int]):
@@ -265,8 +262,7 @@ def direct_nll(model, ids: torch.Tensor) -> float:
 
 def test_single_removal_perplexity_matches_skipping_each_layer(model):
     ids = random_ids(3, 16, seed=5)
-    report = influence(model, windows_of(ids), InfluenceConfig(metrics=["ppl_single"], batch_size=2),
-                       show_tqdm=False)
+    report = influence(model, windows_of(ids), InfluenceConfig(metrics=["ppl_single"], batch_size=2))
     for layer in range(6):
         want = math.exp(direct_nll(skip_layers(model, {layer}), ids))
         assert report.layer_values("ppl_single")[layer] == pytest.approx(want, rel=TINY_MODEL_TOL)  # float32 logits
@@ -275,7 +271,7 @@ def test_single_removal_perplexity_matches_skipping_each_layer(model):
 
 def test_sleb_follows_the_greedy_definition(model):
     ids = random_ids(2, 16, seed=6)
-    report = influence(model, windows_of(ids), InfluenceConfig(metrics=["sleb"], sleb_steps=3), show_tqdm=False)
+    report = influence(model, windows_of(ids), InfluenceConfig(metrics=["sleb"], sleb_steps=3))
     alive, order = list(range(6)), []
     for _ in range(3):
         trials = {c: direct_nll(skip_layers(model, set(range(6)) - set(alive) | {c}), ids) for c in alive[1:-1]}
@@ -310,7 +306,7 @@ def test_taylor_matches_its_definition_and_leaves_the_model_alone(requires_grad)
     model.requires_grad_(requires_grad)
     ids = random_ids(4, 12, seed=7)
     before = parameter_state(model)
-    report = influence(model, windows_of(ids), InfluenceConfig(metrics=["taylor"], batch_size=3), show_tqdm=False)
+    report = influence(model, windows_of(ids), InfluenceConfig(metrics=["taylor"], batch_size=3))
     want = taylor_direct(model, ids)
     got = report.layer_values("taylor")
     for layer in range(6):
@@ -385,4 +381,4 @@ def test_every_criterion_is_registered_with_a_rule():
     assert set(SINGLE_PASS) == {m for m, c in CRITERIA.items() if c.cost in ("pass", "heldout")}
     assert {c.prune for c in CRITERIA.values()} == {"highest", "lowest"}
     with pytest.raises(ValueError, match="Unknown criteria"):
-        influence(tiny_model("llama"), padded_windows(), InfluenceConfig(metrics=["bogus"]), show_tqdm=False)
+        influence(tiny_model("llama"), padded_windows(), InfluenceConfig(metrics=["bogus"]))

@@ -36,7 +36,7 @@ def interrupt(*_, **__):
 def test_ctrl_c_during_evaluation_keeps_every_fitted_method(monkeypatch):
     monkeypatch.setattr(pipeline, "perplexities", interrupt)
     with pytest.raises(KeyboardInterrupt) as caught:
-        run_experiment(RunConfig(**RUN), loaded=tiny_loaded(6), show_tqdm=False)
+        run_experiment(RunConfig(**RUN), loaded=tiny_loaded(6))
     report = caught.value.partial_report
     assert report["complete"] is False
     assert report["stopped"]["stage"] == "evaluation" and report["stopped"]["by"] == "interrupted (Ctrl-C)"
@@ -65,13 +65,13 @@ def test_ctrl_c_during_calibration_keeps_the_finished_pass(monkeypatch, tmp_path
         return real(*args, **kwargs)
     monkeypatch.setattr(stats_cache, "collect_stats", second_pass_interrupted)
     with pytest.raises(KeyboardInterrupt) as caught:
-        run_experiment(RunConfig(**RUN), loaded=loaded(model), show_tqdm=False)
+        run_experiment(RunConfig(**RUN), loaded=loaded(model))
     report = caught.value.partial_report
     assert report["complete"] is False and report["stopped"]["stage"] == "calibration and fitting"
     assert report["results"] == []
     assert "calibration statistics finished so far are cached" in report["stopped"]["finished"]
     monkeypatch.setattr(stats_cache, "collect_stats", real)
-    again, run = run_experiment(RunConfig(**RUN), loaded=loaded(model), show_tqdm=False)
+    again, run = run_experiment(RunConfig(**RUN), loaded=loaded(model))
     assert run.statistics == {"calibration": "reused", "held-out": "computed"} and again["complete"] is True
 
 
@@ -80,7 +80,7 @@ def test_an_error_after_some_work_also_carries_the_partial_report(monkeypatch):
         raise ValueError("evaluation text too short")
     monkeypatch.setattr(pipeline, "perplexities", broken)
     with pytest.raises(ValueError, match="too short") as caught:
-        run_experiment(RunConfig(**RUN), loaded=tiny_loaded(6), show_tqdm=False)
+        run_experiment(RunConfig(**RUN), loaded=tiny_loaded(6))
     assert caught.value.partial_report["stopped"]["by"] == "ValueError: evaluation text too short"
 
 
@@ -167,33 +167,33 @@ def counted(monkeypatch):
 
 def test_grid_resume_skips_every_finished_cell(counted, tmp_path):
     lm, cfg = tiny_loaded(), small_config(**GRID)
-    first = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path)
+    first = run_grid(cfg, loaded=lm, out_dir=tmp_path)
     cells = len(counted)
     records = (tmp_path / "grid.jsonl").read_text().splitlines()
     assert cells >= 2 and len(records) == cells + 4 + 1  # + 4 selections, 1 dense text
-    resumed = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
+    resumed = run_grid(cfg, loaded=lm, out_dir=tmp_path, resume=True)
     assert len(counted) == cells  # nothing computed again
     assert sorted(resumed.meta["resumed"]) == sorted(first.meta["settings"])
     pd.testing.assert_frame_equal(first.frame, resumed.frame)
-    run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path)  # without --resume: a new grid
+    run_grid(cfg, loaded=lm, out_dir=tmp_path)  # without --resume: a new grid
     assert len(counted) == 2 * cells
 
 
 def test_grid_resume_recomputes_when_a_setting_changed(counted, tmp_path):
     lm = tiny_loaded()
-    run_grid(small_config(**GRID), loaded=lm, show_tqdm=False, out_dir=tmp_path)
+    run_grid(small_config(**GRID), loaded=lm, out_dir=tmp_path)
     cells = len(counted)
-    run_grid(small_config(**GRID, seed=3), loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
+    run_grid(small_config(**GRID, seed=3), loaded=lm, out_dir=tmp_path, resume=True)
     assert len(counted) > cells  # other calibration windows: no old cell matches
     more = small_config(**{**GRID, "methods": ["dense", "none", "ghost", "linearpatch-diag"]})
     before = len(counted)
-    run_grid(more, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
+    run_grid(more, loaded=lm, out_dir=tmp_path, resume=True)
     assert len(counted) - before == cells  # another method list is another cell key
 
 
 def test_ctrl_c_in_the_grid_keeps_finished_cells_and_resume_finishes_the_rest(monkeypatch, tmp_path):
     lm, cfg = tiny_loaded(), small_config(**GRID)
-    full = run_grid(cfg, loaded=lm, show_tqdm=False)
+    full = run_grid(cfg, loaded=lm)
     real, calls = grid_module.evaluate_setting, []
 
     def second_cell_interrupted(model, layers, *args, **kwargs):
@@ -203,14 +203,14 @@ def test_ctrl_c_in_the_grid_keeps_finished_cells_and_resume_finishes_the_rest(mo
         return real(model, layers, *args, **kwargs)
     monkeypatch.setattr(grid_module, "evaluate_setting", second_cell_interrupted)
     with pytest.raises(KeyboardInterrupt) as caught:
-        run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path)
+        run_grid(cfg, loaded=lm, out_dir=tmp_path)
     partial = caught.value.partial_result
     assert partial.meta["complete"] is False and set(partial.frame.layers) == {partial.frame.layers.iloc[0]}
     on_disk = pd.read_csv(tmp_path / "grid.csv")
     assert len(on_disk) == len(partial.frame) > 0
     assert json.loads((tmp_path / "grid.json").read_text())["meta"]["complete"] is False
     monkeypatch.setattr(grid_module, "evaluate_setting", real)
-    resumed = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
+    resumed = run_grid(cfg, loaded=lm, out_dir=tmp_path, resume=True)
     assert len(resumed.meta["resumed"]) == 1 and resumed.meta["complete"] is True
     pd.testing.assert_frame_equal(full.frame.drop(columns=["eval_seconds", "calib_seconds", "solve_seconds"]),
                                   resumed.frame.drop(columns=["eval_seconds", "calib_seconds", "solve_seconds"]))
@@ -233,10 +233,10 @@ def test_grid_cli_ctrl_c_exits_130_and_says_how_to_resume(monkeypatch, tmp_path,
 
 def test_a_journal_line_cut_short_by_a_crash_is_done_again(counted, tmp_path):
     lm, cfg = tiny_loaded(), small_config(**GRID)
-    run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path)
+    run_grid(cfg, loaded=lm, out_dir=tmp_path)
     cells = len(counted)
     journal = tmp_path / "grid.jsonl"
     lines = journal.read_text().splitlines()
     journal.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]) + "\n")  # last cell half-written
-    resumed = run_grid(cfg, loaded=lm, show_tqdm=False, out_dir=tmp_path, resume=True)
+    resumed = run_grid(cfg, loaded=lm, out_dir=tmp_path, resume=True)
     assert len(counted) == cells + 1 and len(resumed.meta["resumed"]) == cells - 1

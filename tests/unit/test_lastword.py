@@ -75,7 +75,7 @@ def alone(model, tokenizer, rows) -> list[tuple[float, bool]]:
 
 def test_scorer_matches_each_example_run_alone():
     model, tok = tiny_model("llama"), CharTokenizer()
-    res = score_lastword({"m": model}, tok, limit=LIMIT, batch_size=5, show_tqdm=False)["m"]
+    res = score_lastword({"m": model}, tok, limit=LIMIT, batch_size=5)["m"]
     expected = alone(model, tok, examples(LIMIT))
     assert res.examples == LIMIT and res.correct == [g for _, g in expected]
     assert res.logprobs == pytest.approx([ll for ll, _ in expected], rel=1e-5, abs=1e-5)
@@ -90,12 +90,12 @@ def test_shared_prefix_scoring_equals_scoring_each_variant_alone():
     model, tok = tiny_model("llama", layers=6), CharTokenizer()
     calib = TokenWindows(random_ids(6, 32, 0), torch.ones(6, 32, dtype=torch.long), {})
     held = TokenWindows(random_ids(2, 32, 1), torch.ones(2, 32, dtype=torch.long), {})
-    run = recover(model, "3-4", ["none", "ghost", "ghost-auto", "linearpatch-diag"], calib, held, show_tqdm=False)
+    run = recover(model, "3-4", ["none", "ghost", "ghost-auto", "linearpatch-diag"], calib, held)
     models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
     steps = []
-    shared = score_lastword(models, tok, limit=LIMIT, batch_size=4, show_tqdm=False,
-                            progress=lambda done, total: steps.append((done, total)))
-    separate = score_lastword(models, tok, limit=LIMIT, batch_size=4, share=False, show_tqdm=False)
+    shared = score_lastword(models, tok, limit=LIMIT, batch_size=4,
+                            progress=lambda stage, done, total: steps.append((done, total)))
+    separate = score_lastword(models, tok, limit=LIMIT, batch_size=4, share=False)
     assert steps[-1] == (3, 3)  # one step per batch: the prefix ran once for every variant
     for name in models:
         assert shared[name].correct == separate[name].correct, name
@@ -107,7 +107,7 @@ def lm_eval_scores(model, tokenizer, limit: int) -> dict:
     """acc and mean log-likelihood of ``bundled-lastword`` computed by lm-evaluation-harness (HFLM)."""
     from ghosted.zeroshot import evaluate_tasks
 
-    run = evaluate_tasks({"m": model}, tokenizer, [TASK], limit=limit, show_tqdm=False, ghosted_scorer=False)
+    run = evaluate_tasks({"m": model}, tokenizer, [TASK], limit=limit, ghosted_scorer=False)
     assert run.protocols[TASK]["scorer"].startswith("lm-evaluation-harness") and not run.skipped
     assert run.protocols[TASK]["examples"] == limit and run.protocols[TASK]["num_fewshot"] == 0
     return dict(zip(run.frame.metric, run.frame.value))
@@ -121,7 +121,7 @@ def test_lm_eval_runs_the_bundled_task_and_agrees_on_a_tiny_model(bundled):
                             max_position_embeddings=1024)
     torch.manual_seed(0)
     model = tf.AutoModelForCausalLM.from_config(config).eval()
-    ours = score_lastword({"m": model}, bundled.tokenizer, limit=20, show_tqdm=False)["m"]
+    ours = score_lastword({"m": model}, bundled.tokenizer, limit=20)["m"]
     theirs = lm_eval_scores(model, bundled.tokenizer, 20)
     assert ours.acc == theirs["acc"]
     assert ours.loglikelihood == pytest.approx(theirs["loglikelihood"], rel=1e-4)
@@ -131,7 +131,7 @@ def test_lm_eval_runs_the_bundled_task_and_agrees_on_a_tiny_model(bundled):
 def test_lm_eval_agrees_on_the_bundled_model_dense_and_pruned(bundled):
     pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: pip install -r requirements-eval.txt")
     models = {"dense": bundled.model, "pruned": prune(bundled.model, "12-18")}
-    ours = score_lastword(models, bundled.tokenizer, limit=20, show_tqdm=False)
+    ours = score_lastword(models, bundled.tokenizer, limit=20)
     for name, model in models.items():
         theirs = lm_eval_scores(model, bundled.tokenizer, 20)
         assert ours[name].acc == theirs["acc"], name

@@ -93,13 +93,12 @@ def windows(n=8, t=24, seed=0):
 
 def test_recover_lowrank_full_rank_matches_ghost_and_beats_nothing():
     model = tiny_model("llama")
-    run = recover(model, "2-3", ["none", "ghost", "ghost-lowrank"], windows(), config=RecoveryConfig(rank=32),
-                  show_tqdm=False)
+    run = recover(model, "2-3", ["none", "ghost", "ghost-lowrank"], windows(), config=RecoveryConfig(rank=32))
     ids = random_ids(2, 16, seed=4)
     with torch.no_grad():
         torch.testing.assert_close(run.results["ghost-lowrank"].model(ids).logits,
                                    run.results["ghost"].model(ids).logits, rtol=1e-4, atol=1e-4)
-    low = recover(model, "2-3", ["ghost-lowrank"], windows(), config=RecoveryConfig(rank=4), show_tqdm=False)
+    low = recover(model, "2-3", ["ghost-lowrank"], windows(), config=RecoveryConfig(rank=4))
     ops = [op for _, _, op in operators_of(low.results["ghost-lowrank"].model)]
     assert len(ops) == 1 and isinstance(ops[0], LowRankOperator) and ops[0].rank == 4
     errors = low.errors()
@@ -108,7 +107,7 @@ def test_recover_lowrank_full_rank_matches_ghost_and_beats_nothing():
 
 def test_lowrank_generates_with_kv_cache_and_round_trips(tmp_path):
     model = tiny_model("llama")
-    run = recover(model, "2-3", ["ghost-lowrank"], windows(), config=RecoveryConfig(rank=3), show_tqdm=False)
+    run = recover(model, "2-3", ["ghost-lowrank"], windows(), config=RecoveryConfig(rank=3))
     recovered = run.results["ghost-lowrank"].model
     ids = random_ids(1, 6, seed=7)
     cached = recovered.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
@@ -129,12 +128,12 @@ def test_robust_lowrank_full_rank_matches_ghost_robust_and_round_trips(tmp_path)
     model = tiny_model("llama")
     calib, held = windows(), windows(4, seed=2)
     full = recover(model, "2-3", ["ghost-robust", "ghost-lowrank-robust"], calib, held,
-                   RecoveryConfig(rank=32, sink_map="affine"), show_tqdm=False)
+                   RecoveryConfig(rank=32, sink_map="affine"))
     ids = random_ids(2, 16, seed=4)
     with torch.no_grad():
         torch.testing.assert_close(full.results["ghost-lowrank-robust"].model(ids).logits,
                                    full.results["ghost-robust"].model(ids).logits, rtol=1e-4, atol=1e-4)
-    run = recover(model, "2-3", ["ghost-lowrank-robust"], calib, held, RecoveryConfig(rank=3), show_tqdm=False)
+    run = recover(model, "2-3", ["ghost-lowrank-robust"], calib, held, RecoveryConfig(rank=3))
     recovered = run.results["ghost-lowrank-robust"].model
     prompt = random_ids(1, 6, seed=7)
     mask = torch.ones_like(prompt)

@@ -41,7 +41,7 @@ def scale_by_definition(model, w: TokenWindows, start: int, end: int) -> float:
 def test_scale_equals_its_definition_and_is_fused_exactly(family):
     model = tiny_model(family, layers=6)
     w = windows()
-    stats = collect_stats(model, w, [Gap(2, 4)], CalibrationConfig(replaceme=False), show_tqdm=False)[Gap(2, 4)]
+    stats = collect_stats(model, w, [Gap(2, 4)], CalibrationConfig(replaceme=False))[Gap(2, 4)]
     scale = magnitude_scale(stats)
     assert scale == pytest.approx(scale_by_definition(model, w, 2, 4), rel=1e-9)
     before = checksum(model)
@@ -62,7 +62,7 @@ def test_recover_prunecomp_is_a_plain_checkpoint_even_with_tied_embeddings(tmp_p
     model = tf.AutoModelForCausalLM.from_config(config).eval().requires_grad_(False)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     before = checksum(model)
-    run = recover(model, "2-3", ["prunecomp"], windows(), show_tqdm=False)
+    run = recover(model, "2-3", ["prunecomp"], windows())
     fused = run.results["prunecomp"].model
     assert checksum(model) == before and model.lm_head.weight is model.model.embed_tokens.weight
     assert fused.lm_head.weight is fused.model.embed_tokens.weight  # still tied, to the scaled copy
@@ -70,7 +70,7 @@ def test_recover_prunecomp_is_a_plain_checkpoint_even_with_tied_embeddings(tmp_p
     scale = run.choices().scale.iloc[0]
     torch.testing.assert_close(fused.model.embed_tokens.weight, scale * model.model.embed_tokens.weight)
     torch.testing.assert_close(fused.model.norm.weight, model.model.norm.weight / scale)  # logits unchanged
-    plain_pruned = recover(model, "2-3", ["none"], windows(), show_tqdm=False).results["none"].model
+    plain_pruned = recover(model, "2-3", ["none"], windows()).results["none"].model
     assert sum(p.numel() for p in fused.parameters()) == sum(p.numel() for p in plain_pruned.parameters())
     assert fused.model.layers[2].self_attn.o_proj.weight is model.model.layers[4].self_attn.o_proj.weight
     assert not operators_of(fused)
@@ -87,7 +87,7 @@ def test_recover_prunecomp_is_a_plain_checkpoint_even_with_tied_embeddings(tmp_p
 
 def test_two_gaps_are_compensated_one_after_the_other():
     model = tiny_model("llama", layers=8)
-    run = recover(model, "1-2,5", ["prunecomp"], windows(), show_tqdm=False)
+    run = recover(model, "1-2,5", ["prunecomp"], windows())
     scales = run.choices().scale.tolist()
     assert len(scales) == 2 and all(s > 0 for s in scales)
     assert run.results["prunecomp"].model.config.num_hidden_layers == 5
@@ -96,7 +96,7 @@ def test_two_gaps_are_compensated_one_after_the_other():
 def test_post_norm_families_scale_their_branch_norms_and_olmo2_is_refused():
     gemma = tiny_model("gemma3", layers=6)
     w = windows()
-    stats = collect_stats(gemma, w, [Gap(2, 3)], CalibrationConfig(replaceme=False), show_tqdm=False)[Gap(2, 3)]
+    stats = collect_stats(gemma, w, [Gap(2, 3)], CalibrationConfig(replaceme=False))[Gap(2, 3)]
     fused = compensate(gemma, [2], magnitude_scale(stats))
     with tap(gemma, boundaries=[2]) as t:
         x = t.run(w.input_ids).resid[2]

@@ -28,7 +28,7 @@ def test_streaming_stats_equal_stacked_computation():
     model = tiny_model("llama", layers=6)
     w = windows()
     w.attention_mask[1, :5] = 0  # padding positions must be excluded
-    stats = collect_stats(model, w, [Gap(2, 4)], CalibrationConfig(batch_size=2), show_tqdm=False)[Gap(2, 4)]
+    stats = collect_stats(model, w, [Gap(2, 4)], CalibrationConfig(batch_size=2))[Gap(2, 4)]
     hs = model(w.input_ids, attention_mask=w.attention_mask, output_hidden_states=True).hidden_states
     valid = w.attention_mask.bool()
     x, y = hs[2][valid].double(), hs[4][valid].double()  # (N, d) entering layers 2 and 4
@@ -74,7 +74,7 @@ def test_recover_never_mutates_and_all_methods_run(drop):
     methods = ["none", "ghost", "ghost-robust", "linearpatch-diag", "linearpatch-rotate"]
     if not drop.startswith("0"):
         methods += ["replaceme-ls", "replaceme-cos", "replaceme-ls-robust"]
-    run = recover(model, drop, methods, windows(), windows(2, seed=1), show_tqdm=False)
+    run = recover(model, drop, methods, windows(), windows(2, seed=1))
     for name, r in run.results.items():
         out = r.model(random_ids()).logits
         assert torch.isfinite(out).all(), name
@@ -87,8 +87,7 @@ def test_recover_never_mutates_and_all_methods_run(drop):
 
 def test_ghost_beats_restricted_stream_operators_on_fit_tokens():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "2-3", ["ghost", "linearpatch-diag", "linearpatch-rotate"], windows(8, 32),
-                  show_tqdm=False)
+    run = recover(model, "2-3", ["ghost", "linearpatch-diag", "linearpatch-rotate"], windows(8, 32))
     stats = run.results["ghost"].stats[Gap(2, 4)]
     ghost = stream_error(stats, run.results["ghost"].operators[Gap(2, 4)])
     for name in ("linearpatch-diag", "linearpatch-rotate"):
@@ -100,10 +99,10 @@ def test_ghost_beats_restricted_stream_operators_on_fit_tokens():
 def test_replaceme_folded_equals_hooked(family):
     model = tiny_model(family, layers=6)
     w = windows()
-    folded = recover(model, "2-3", ["replaceme-ls"], w, config=RecoveryConfig(replaceme_fold=True),
-                     show_tqdm=False).results["replaceme-ls"]
-    hooked = recover(model, "2-3", ["replaceme-ls"], w, config=RecoveryConfig(replaceme_fold=False),
-                     show_tqdm=False).results["replaceme-ls"]
+    folded = recover(model, "2-3", ["replaceme-ls"], w,
+                     config=RecoveryConfig(replaceme_fold=True)).results["replaceme-ls"]
+    hooked = recover(model, "2-3", ["replaceme-ls"], w,
+                     config=RecoveryConfig(replaceme_fold=False)).results["replaceme-ls"]
     assert not operators_of(folded.model) and operators_of(hooked.model)
     ids = random_ids(2, 16, seed=5)
     torch.testing.assert_close(folded.model(ids).logits, hooked.model(ids).logits, rtol=1e-4, atol=1e-4)
@@ -113,7 +112,7 @@ def test_ghost_reduces_the_boundary_error_on_fit_tokens():
     """The least-squares operator can only lower the error of plain pruning on its own fit tokens."""
     model = tiny_model("llama", layers=6)
     w = windows(8, 32)
-    stats = collect_stats(model, w, [Gap(2, 3)], show_tqdm=False)[Gap(2, 3)]
+    stats = collect_stats(model, w, [Gap(2, 3)])[Gap(2, 3)]
     from ghosted.solve import ghost_operator, relative_error
     rel = relative_error(stats, stream_error(stats, ghost_operator(stats)))
     assert 0 <= rel < 1
@@ -122,7 +121,7 @@ def test_ghost_reduces_the_boundary_error_on_fit_tokens():
 @pytest.mark.parametrize("method", ["ghost", "ghost-robust", "replaceme-ls", "linearpatch-rotate"])
 def test_recovered_models_generate_with_kv_cache(method):
     model = tiny_model("llama", layers=6)
-    run = recover(model, "2-3", [method], windows(), windows(2, seed=1), show_tqdm=False)
+    run = recover(model, "2-3", [method], windows(), windows(2, seed=1))
     rec = run.results[method].model
     ids = random_ids(2, 8, seed=3)
     a = rec.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, use_cache=True)
@@ -134,14 +133,14 @@ def test_recovered_models_generate_with_kv_cache(method):
 
 def test_layer_zero_removed_uses_a_pre_hook_on_the_first_surviving_layer():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "0", ["ghost"], windows(), show_tqdm=False)
+    run = recover(model, "0", ["ghost"], windows())
     ops = operators_of(run.results["ghost"].model)
     assert [(i, site) for i, site, _ in ops] == [(0, "ghosted_pre")]
 
 
 def test_non_contiguous_gets_one_chained_operator_per_removed_layer():
     model = tiny_model("llama", layers=8)
-    run = recover(model, "2-3,6", ["ghost"], windows(), show_tqdm=False)
+    run = recover(model, "2-3,6", ["ghost"], windows())
     ops = operators_of(run.results["ghost"].model)
     assert [(i, op.boundary) for i, _, op in ops] == [(1, (2, 3)), (1, (3, 4)), (3, (6, 7))]
 
@@ -149,8 +148,8 @@ def test_non_contiguous_gets_one_chained_operator_per_removed_layer():
 def test_sequential_mode_fits_on_the_patched_stream():
     model = tiny_model("llama", layers=8)
     cfg = RecoveryConfig(mode="sequential")
-    seq = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1), cfg, show_tqdm=False).results["ghost"]
-    ind = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1), show_tqdm=False).results["ghost"]
+    seq = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1), cfg).results["ghost"]
+    ind = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1)).results["ghost"]
     first, second = Gap(2, 3), Gap(5, 6)
     solve_tol = TINY_MODEL_TOL * float(torch.linalg.cond(ind.stats[first].xtx))  # float32 states, one solve
     assert_close_on_scale(seq.operators[first], ind.operators[first], solve_tol)  # nothing upstream of it
@@ -167,8 +166,8 @@ def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
     pruned.save_pretrained(tmp_path)
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     w = windows()
-    a = recover(pruned, "2-3", ["ghost"], w, show_tqdm=False).results["ghost"]
-    b = recover(reloaded, "2-3", ["ghost"], w, show_tqdm=False).results["ghost"]
+    a = recover(pruned, "2-3", ["ghost"], w).results["ghost"]
+    b = recover(reloaded, "2-3", ["ghost"], w).results["ghost"]
     assert_close_on_scale(a.stats[Gap(2, 4)].xtx, b.stats[Gap(2, 4)].xtx, TINY_MODEL_TOL)  # of float32 states
     ids = random_ids(2, 12, seed=7)
     torch.testing.assert_close(a.model(ids).logits, b.model(ids).logits, rtol=1e-4, atol=1e-4)
@@ -176,9 +175,8 @@ def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
 
 def test_sink_frames_are_reported_for_plain_methods_and_add_up():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "2-3", ["none", "ghost"], windows(), show_tqdm=False)
-    plain = recover(model, "2-3", ["none", "ghost"], windows(), config=RecoveryConfig(report_sinks=False),
-                    show_tqdm=False)
+    run = recover(model, "2-3", ["none", "ghost"], windows())
+    plain = recover(model, "2-3", ["none", "ghost"], windows(), config=RecoveryConfig(report_sinks=False))
     torch.testing.assert_close(run.results["ghost"].operators[Gap(2, 4)], plain.results["ghost"].operators[Gap(2, 4)])
     assert len(run.sinks) == 1 and plain.sinks.empty  # the report costs nothing to the fit
     shares = run.token_shares().set_index("tokens")

@@ -59,7 +59,7 @@ def own_cache(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def run():
     """A tiny Llama with layers 2-3 removed, recovered by ghost (operators) and none (plain)."""
-    return recover(tiny_model("llama"), "2-3", ["ghost", "none"], windows(), show_tqdm=False)
+    return recover(tiny_model("llama"), "2-3", ["ghost", "none"], windows())
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_the_source_model_folder_is_refused_even_with_overwrite(tmp_path):
     source = tmp_path / "work" / "base"
     tiny_model("llama").save_pretrained(source)
     model = AutoModelForCausalLM.from_pretrained(source).eval()  # remembers where it came from
-    pruned = recover(model, "2-3", ["ghost"], windows(), show_tqdm=False).results["ghost"].model
+    pruned = recover(model, "2-3", ["ghost"], windows()).results["ghost"].model
     (source / "sub").mkdir()
     before = snapshot(tmp_path)
     for target, words in [(source, "it is the folder the model was loaded from"),
@@ -134,7 +134,7 @@ def test_the_folder_of_a_loaded_model_is_refused(tmp_path):
     model = tiny_model("llama")  # built in memory: no _name_or_path
     lm = LoadedModel(model=model, tokenizer=None, source=str(source), kind="folder", device="cpu",
                      dtype="float32", load_seconds=0.0)
-    pruned = recover(model, "2-3", ["none"], windows(), show_tqdm=False).results["none"].model
+    pruned = recover(model, "2-3", ["none"], windows()).results["none"].model
     before = snapshot(tmp_path)
     with pytest.raises(ValueError, match="folder the model was loaded from"):
         save_recovered(pruned, source, lm, overwrite=True)

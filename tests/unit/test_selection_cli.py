@@ -54,7 +54,7 @@ def test_run_select_records_the_choice_and_why(bundled, tmp_path, capsys):
     calib = calibration_windows(bundled.tokenizer, "bundled:news", 3, 48, 0)
     fit, held = split_calibration(calib, 1)
     direct = influence(bundled.model, fit, InfluenceConfig(metrics=["block_influence"], n_values=[3]),
-                       heldout=held, show_tqdm=False)
+                       heldout=held)
     layers, reason = select(direct, "block_influence", 3)
     assert report["dropped"] == layers and report["selection"]["layers"] == layers
     assert report["selection"]["reason"] == reason and report["config"]["select"] == "block_influence"

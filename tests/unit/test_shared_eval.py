@@ -25,15 +25,15 @@ def variants(model, drop: str, calib, heldout) -> dict:
     """dense plus every recovery method that applies to ``drop`` (ReplaceMe needs a layer before it)."""
     starts_at_zero = drop.split(",")[0].split("-")[0] == "0"
     methods = [m for m in METHODS if not (starts_at_zero and m in BRANCH_METHODS)]
-    run = recover(model, drop, methods, calib, heldout, show_tqdm=False)
+    run = recover(model, drop, methods, calib, heldout)
     return {"dense": model, **{name: r.model for name, r in run.results.items()}}
 
 
 def assert_same_as_alone(models: dict, evaluation, batch_size: int = 2) -> None:
-    shared = perplexities(models, evaluation, batch_size=batch_size, show_tqdm=False)
+    shared = perplexities(models, evaluation, batch_size=batch_size)
     assert list(shared) == list(models)
     for name, model in models.items():
-        alone = perplexity(model, evaluation, batch_size=batch_size, show_tqdm=False)
+        alone = perplexity(model, evaluation, batch_size=batch_size)
         assert shared[name].scored_tokens == alone.scored_tokens, name
         # the shared prefix runs the very same float32 ops as the model alone (same machine, same thread
         # count): only the float64 sum of the token losses may differ, hence a float64 tolerance
@@ -66,7 +66,7 @@ def test_tiny_other_families_match(family):
     # OPT's fc2 sees flattened (B*T, d) rows, which ReplaceMe's statistics do not take yet
     methods = ["none", "ghost", "linearpatch-rotate"] + ([] if family == "opt" else ["replaceme-ls"])
     model = tiny_model(family, layers=6)
-    run = recover(model, "3-4", methods, windows(6, 16, 0), show_tqdm=False)
+    run = recover(model, "3-4", methods, windows(6, 16, 0))
     models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
     assert shared_prefix_length(list(models.values())) == 2
     assert_same_as_alone(models, windows(3, 16, 1))
@@ -74,7 +74,7 @@ def test_tiny_other_families_match(family):
 
 def test_padding_masks_and_uneven_last_batch():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "3-4", ["none", "ghost", "replaceme-ls"], windows(6, 16, 0), show_tqdm=False)
+    run = recover(model, "3-4", ["none", "ghost", "replaceme-ls"], windows(6, 16, 0))
     models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
     ev = windows(5, 16, 2)
     ev.attention_mask[1, 11:] = 0  # right padding is not scored
@@ -83,7 +83,7 @@ def test_padding_masks_and_uneven_last_batch():
 
 def test_split_point_by_layer_identity():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "3-4", ["none", "ghost", "replaceme-ls"], windows(6, 16, 0), show_tqdm=False)
+    run = recover(model, "3-4", ["none", "ghost", "replaceme-ls"], windows(6, 16, 0))
     res = run.results
     assert shared_prefix_length([model, res["none"].model]) == 3  # plain pruning keeps layers 0-2
     assert shared_prefix_length([model, res["ghost"].model]) == 2  # layer 2 carries the operator
@@ -95,7 +95,7 @@ def test_split_point_by_layer_identity():
 def test_suffix_view_runs_its_own_pre_hook_after_the_injection():
     """A drop at layer 0 puts ghost's operator in a pre-hook of layer 0: it must act on the cached stream."""
     model = tiny_model("llama", layers=6)
-    run = recover(model, "0-1", ["none", "ghost"], windows(6, 16, 0), show_tqdm=False)
+    run = recover(model, "0-1", ["none", "ghost"], windows(6, 16, 0))
     ghost, pruned = run.results["ghost"].model, run.results["none"].model
     ids = random_ids(2, 16, 3)
     embedded = embedding_of(model)(ids)  # (B, T, d): the stream entering layer 0 of every variant
@@ -123,29 +123,31 @@ def test_suffix_view_uses_the_cached_stream():
 
 def test_models_are_not_mutated():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0), show_tqdm=False)
+    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0))
     models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
     before = [(len(layer._forward_pre_hooks), len(layer._forward_hooks)) for m in models.values()
               for layer in layers_of(m)]
     ev = windows(3, 16, 1)
-    first = perplexities(models, ev, show_tqdm=False)
+    first = perplexities(models, ev)
     after = [(len(layer._forward_pre_hooks), len(layer._forward_hooks)) for m in models.values()
              for layer in layers_of(m)]
     assert before == after
-    again = perplexities(models, ev, show_tqdm=False)
+    again = perplexities(models, ev)
     # determinism (same machine, same thread count)
     assert {k: v.nll for k, v in first.items()} == {k: v.nll for k, v in again.items()}
 
 
 def test_share_false_and_progress():
     model = tiny_model("llama", layers=6)
-    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0), show_tqdm=False)
+    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0))
     models = {"dense": model, **{name: r.model for name, r in run.results.items()}}
     ev = windows(5, 16, 1)
     calls = []
-    shared = perplexities(models, ev, batch_size=2, progress=lambda d, t: calls.append((d, t)), show_tqdm=False)
-    assert calls[-1] == (3, 3)  # one call per batch of windows, for all models at once
-    plain = perplexities(models, ev, batch_size=2, share=False, show_tqdm=False)
+    shared = perplexities(models, ev, batch_size=2, progress=lambda stage, d, t: calls.append((stage, d, t)))
+    assert [(d, t) for _, d, t in calls] == [(0, 3), (1, 3), (2, 3), (3, 3)]  # per batch, all models at once
+    k = shared_prefix_length(list(models.values()))
+    assert k > 0 and {stage for stage, _, _ in calls} == {f"perplexity x3 (shared {k} layers)"}
+    plain = perplexities(models, ev, batch_size=2, share=False)
     # same float32 ops with and without sharing (same machine, same thread count): float64 tolerance
     assert {k: v.nll for k, v in shared.items()} == pytest.approx({k: v.nll for k, v in plain.items()}, rel=FLOAT64_REL)
 
@@ -158,7 +160,7 @@ def test_bundled_matches_separate_evaluation(bundled, drop):
 
     fit, held = split_calibration(calibration_windows(bundled.tokenizer, "bundled:news", 5, 48, 0), 1)
     methods = ["none", "ghost", "linearpatch-rotate"] + ([] if drop.startswith("0") else ["replaceme-ls"])
-    run = recover(bundled.model, drop, methods, fit, held, show_tqdm=False)
+    run = recover(bundled.model, drop, methods, fit, held)
     models = {"dense": bundled.model, **{name: r.model for name, r in run.results.items()}}
     expected_split = {"20-23": 19, "5,9": 4, "0-1": 0}[drop]
     assert shared_prefix_length(list(models.values())) == expected_split

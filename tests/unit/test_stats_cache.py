@@ -48,7 +48,7 @@ FIT, HELD = windows(0), windows(1, n=2)
 
 
 def fit(model, cache, drop="2-3", methods=("none", "ghost"), config=None, calib=FIT, held=HELD):
-    return recover(model, drop, list(methods), calib, held, config, show_tqdm=False, cache=cache)
+    return recover(model, drop, list(methods), calib, held, config, cache=cache)
 
 
 class ForwardForbidden:
@@ -86,8 +86,8 @@ def test_second_call_reuses_without_a_forward_pass_and_is_bitwise_equal(folder_m
         assert torch.equal(stats.position_dtd, reused.position_dtd) and stats.n_tokens == reused.n_tokens
     assert plain.sinks.equals(second.sinks)
     for method in ("ghost", "ghost-robust", "replaceme-ls"):
-        a = perplexity(plain.results[method].model, FIT, show_tqdm=False)
-        b = perplexity(second.results[method].model, FIT, show_tqdm=False)
+        a = perplexity(plain.results[method].model, FIT)
+        b = perplexity(second.results[method].model, FIT)
         assert a.nll == b.nll  # bitwise: the same operators give the same numbers
 
 
@@ -98,8 +98,8 @@ def test_the_sink_norm_threshold_comes_back_with_the_statistics(folder_model, tm
     second = fit(folder_model, cache, methods=["ghost-robust"], config=config())
     assert second.statistics["calibration"] == "reused"
     assert second.sinks.equals(first.sinks) and len(first.sinks)
-    a = perplexity(first.results["ghost-robust"].model, HELD, show_tqdm=False)
-    b = perplexity(second.results["ghost-robust"].model, HELD, show_tqdm=False)
+    a = perplexity(first.results["ghost-robust"].model, HELD)
+    b = perplexity(second.results["ghost-robust"].model, HELD)
     assert a.nll == b.nll  # the frozen threshold decides which tokens are sinks at inference
 
 
@@ -220,15 +220,15 @@ RUN = dict(drop="2-3", methods=["dense", "none", "ghost", "replaceme-ls"], calib
 def test_run_entries_say_computed_then_reused_with_equal_perplexity(folder_model, monkeypatch):
     from ghosted import stats_cache
 
-    first, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model), show_tqdm=False)
+    first, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model))
     with monkeypatch.context() as patch:  # evaluation needs the model: forbid only the calibration passes
         patch.setattr(stats_cache, "collect_stats", lambda *a, **k: pytest.fail("calibration ran again"))
-        second, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model), show_tqdm=False)
+        second, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model))
     status = lambda report: {e["method"]: e.get("statistics") for e in report["results"]}  # noqa: E731
     assert status(first) == {"dense": None, "none": "computed", "ghost": "computed", "replaceme-ls": "computed"}
     assert status(second) == {"dense": None, "none": "reused", "ghost": "reused", "replaceme-ls": "reused"}
     assert [e["ppl"] for e in first["results"]] == [e["ppl"] for e in second["results"]]
-    third, _ = run_experiment(RunConfig(**RUN, cache=False), loaded=loaded(folder_model), show_tqdm=False)
+    third, _ = run_experiment(RunConfig(**RUN, cache=False), loaded=loaded(folder_model))
     assert status(third)["ghost"] == "computed" and first["complete"] and third["config"]["cache"] is False
 
 
@@ -253,12 +253,12 @@ def test_export_after_run_reuses_the_runs_statistics(folder_model, monkeypatch):
     from ghosted.text import calibration_windows
 
     settings = {**RUN, "methods": ["dense", "none", "ghost-auto"]}
-    run_experiment(RunConfig(**settings), loaded=loaded(folder_model), show_tqdm=False)
+    run_experiment(RunConfig(**settings), loaded=loaded(folder_model))
     calib = calibration_windows(CharTokenizer(), "bundled:news", 4 + 2, 32, 0)  # what cli/export.py does
     fit_windows, held = split_calibration(calib, 2)
     monkeypatch.setattr(stats_cache, "collect_stats", lambda *a, **k: pytest.fail("calibration ran again"))
     config = RecoveryConfig(calibration=CalibrationConfig(batch_size=2, seed=0))
-    exported = recover(folder_model, "2-3", ["ghost-auto"], fit_windows, held, config, show_tqdm=False, cache=True)
+    exported = recover(folder_model, "2-3", ["ghost-auto"], fit_windows, held, config, cache=True)
     assert exported.results["ghost-auto"].statistics == "reused"
 
 

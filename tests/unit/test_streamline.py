@@ -27,7 +27,7 @@ def checksum(model) -> float:
 
 def run_streamline(model, method, seed=0, **options):
     cfg = RecoveryConfig(streamline=StreamlineConfig(epochs=6, seed=seed, **options))
-    return recover(model, "2-3", [method], windows(), windows(4, seed=9), cfg, show_tqdm=False)
+    return recover(model, "2-3", [method], windows(), windows(4, seed=9), cfg)
 
 
 def logits(model):
@@ -41,7 +41,7 @@ def test_training_lowers_the_loss_and_the_heldout_boundary_error(method):
     before = checksum(model)
     seen = []
     cfg = RecoveryConfig(streamline=StreamlineConfig(epochs=6))
-    run = recover(model, "2-3", [method], windows(), windows(4, seed=9), cfg, show_tqdm=False,
+    run = recover(model, "2-3", [method], windows(), windows(4, seed=9), cfg,
                   progress=lambda stage, done, total: seen.append((stage, done, total)))
     row = run.choices().iloc[0]
     assert row.final_loss < row.initial_loss
@@ -115,7 +115,7 @@ def test_every_new_method_runs_on_layer_zero_and_non_contiguous_drops(drop):
     before = checksum(model)
     methods = ["ghost-lowrank", "ghost-lowrank-robust", "prunecomp", "streamline-ffn", "streamline-layer"]
     cfg = RecoveryConfig(rank=4, streamline=StreamlineConfig(epochs=1))
-    run = recover(model, drop, methods, windows(), windows(2, seed=1), cfg, show_tqdm=False)
+    run = recover(model, drop, methods, windows(), windows(2, seed=1), cfg)
     for name in methods:
         assert torch.isfinite(logits(run.results[name].model)).all(), name
     assert checksum(model) == before and not operators_of(model)

@@ -42,7 +42,7 @@ def tiny_report():
     cfg = small_run(tasks=[TASK, "arc_easy"], task_limit=6)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(zeroshot, "_lm_eval", missing)
-        report, run = run_experiment(cfg, loaded=lm, show_tqdm=False)
+        report, run = run_experiment(cfg, loaded=lm)
     return lm, run, report
 
 
@@ -51,7 +51,7 @@ def test_report_has_accuracy_per_method_with_its_protocol(tiny_report):
     methods = [e["method"] for e in report["results"]]
     assert methods == ["dense", "none", "ghost"]
     models = {"dense": lm.model, **{m: r.model for m, r in run.results.items()}}
-    expected = score_lastword(models, lm.tokenizer, limit=6, show_tqdm=False)  # computed independently again
+    expected = score_lastword(models, lm.tokenizer, limit=6)  # computed independently again
     for entry in report["results"]:
         scores = entry["tasks"][TASK]
         assert scores["acc"] == expected[entry["method"]].acc
@@ -115,8 +115,7 @@ def test_preset_skips_an_unloadable_text_and_keeps_the_others():
 
 def test_several_texts_give_a_perplexity_each(monkeypatch):
     monkeypatch.setitem(PROTOCOLS, "two", EvalProtocol("two", ("bundled:wiki", "bundled:news"), 32, 64, "test"))
-    report, _ = run_experiment(small_run(protocol="two", methods=["dense", "none"]), loaded=tiny_loaded(),
-                               show_tqdm=False)
+    report, _ = run_experiment(small_run(protocol="two", methods=["dense", "none"]), loaded=tiny_loaded())
     for entry in report["results"]:
         assert list(entry["ppl_by_source"]) == ["bundled:wiki", "bundled:news"]
         assert entry["ppl"] == entry["ppl_by_source"]["bundled:wiki"]
@@ -159,7 +158,7 @@ def test_grid_scores_tasks_per_setting_and_writes_them(tmp_path):
 
     cfg = small_config(selections=["shortgpt"], n_values=[2], methods=["dense", "none", "ghost"],
                        evals=["bundled:wiki"], tasks=[TASK], task_limit=4)
-    result = run_grid(cfg, loaded=tiny_loaded(), show_tqdm=False)
+    result = run_grid(cfg, loaded=tiny_loaded())
     acc = result.tasks[result.tasks.metric == "acc"]
     assert list(acc.model) == ["dense", "none", "ghost"] and set(acc.task) == {TASK}
     assert set(acc.n) == {2} and acc.value.between(0, 1).all()

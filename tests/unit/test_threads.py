@@ -39,15 +39,14 @@ def numbers() -> dict:
     mask[3, 15:] = 0  # one right-padded sequence
     windows = TokenWindows(ids, mask, {"source": "test"})
     cfg = InfluenceConfig(metrics=["block_influence", "recoverability"], n_values=[1, 2], batch_size=3)
-    report = influence(model, windows, cfg, show_tqdm=False)
-    stats = collect_stats(model, windows, [Gap(*GAP)], CalibrationConfig(replaceme=False, linearpatch=False),
-                          show_tqdm=False)[Gap(*GAP)]
+    report = influence(model, windows, cfg)
+    stats = collect_stats(model, windows, [Gap(*GAP)], CalibrationConfig(replaceme=False, linearpatch=False))[Gap(*GAP)]
     return {"threads": torch.get_num_threads(),
             "block_influence": report.layer_values("block_influence").tolist(),
             "recoverability": report.matrix("recoverability")[2].dropna().tolist(),
             "operator": ghost_operator(stats).tolist(),
             "xtx_cond": float(torch.linalg.cond(stats.xtx)),
-            "ppl": perplexity(model, windows, batch_size=3, show_tqdm=False).ppl}
+            "ppl": perplexity(model, windows, batch_size=3).ppl}
 
 
 def numbers_with_threads(threads: int) -> dict:

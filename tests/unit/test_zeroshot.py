@@ -31,7 +31,8 @@ def test_local_task_scores_in_memory_models_and_skips_unloadable(bundled):
     lines = []
     cfg = ZeroShotConfig(tasks=["ghosted_tiny", "ghosted_missing"], include_path=str(TASKS),
                          include_defaults=False, bootstrap_iters=0, batch_size=4)
-    res = zero_shot({"dense": bundled.model, "pruned": pruned}, bundled.tokenizer, cfg, progress=lines.append)
+    res = zero_shot({"dense": bundled.model, "pruned": pruned}, bundled.tokenizer, cfg,
+                    progress=lambda stage, done, total: lines.append(stage))
     assert list(res.frame.model) == ["dense", "pruned"]
     assert set(res.frame.task) == {"ghosted_tiny"} and set(res.frame.metric) == {"acc,none"}
     dense = res.frame[res.frame.model == "dense"].value.item()
@@ -49,6 +50,6 @@ def test_unknown_task_is_skipped_not_fatal():
     from ghosted.zeroshot import ZeroShotConfig, zero_shot
 
     cfg = ZeroShotConfig(tasks=["no_such_task_anywhere"], include_path=str(TASKS), include_defaults=False)
-    res = zero_shot({"m": object()}, tokenizer=None, config=cfg, progress=lambda line: None)
+    res = zero_shot({"m": object()}, tokenizer=None, config=cfg, progress=lambda stage, done, total: None)
     assert res.frame.empty
     assert "unknown task" in res.skipped["no_such_task_anywhere"]
