@@ -53,7 +53,7 @@ def evaluate(lm, stored: dict, form: dict, progress) -> dict:
     progress("tokenising", 0, 1)
     windows = evaluation_windows(lm.tokenizer, form["text"](), form["tokens"], form["window"])
     models = variants(lm, stored)
-    results = score(models, windows, stored["config"].batch_size, progress)
+    results = score(models, windows, stored["config"].calibration.batch_size, progress)
     prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
     rows = []
     for i, (name, model) in enumerate(models.items()):
@@ -159,7 +159,7 @@ def zeroshot(lm, stored: dict, form: dict, progress) -> dict:
         raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
     notes: list[str] = []
     run = evaluate_tasks(variants(lm, stored), lm.tokenizer, form["tasks"], limit=form["limit"],
-                         batch_size=stored["config"].batch_size, progress=progress, show_tqdm=False,
+                         batch_size=stored["config"].calibration.batch_size, progress=progress, show_tqdm=False,
                          say=notes.append)
     return {"model": stored["model"], "run_id": id(stored["run"]), "frame": run.frame,
             "protocols": run.protocols, "skipped": run.skipped, "notes": notes}

@@ -5,9 +5,8 @@ import streamlit as st
 
 from ghosted.arch import num_layers
 from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
-from ghosted.pipeline import split_calibration
+from ghosted.experiments.spec import CalibrationSpec
 from ghosted.selection import select
-from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui
 
 RECOVERABILITY = ("recoverability", "recoverability_heldout")  # Gram blocks: computed for chosen n only
@@ -57,8 +56,10 @@ def compute(lm, form: dict, progress) -> dict:
     _ui.deployment().check_criteria(form["metrics"])  # demo: no pass per layer, no backward pass
     _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"], heldout)
     progress("tokenising", 0, 1)
-    windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"] + heldout, form["seq_len"], seed=0)
-    fit, held = split_calibration(windows, heldout)
+    text = form["text"]()
+    calibration = CalibrationSpec(source=_text.source_name(text), count=form["n_seqs"], length=form["seq_len"],
+                                  heldout=heldout, seed=0)
+    fit, held = calibration.windows(lm.tokenizer, text=text)
     cheap = [m for m in form["metrics"] if m not in RECOVERABILITY]
     costly = [m for m in form["metrics"] if m in RECOVERABILITY]
     if costly and not form["rec_n"]:
