@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 
-
 def add_model_args(p: argparse.ArgumentParser) -> None:
     from ghosted.experiments.spec import add_spec_args
 
@@ -35,13 +34,11 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
                         "forward passes) without loading weights or computing anything")
 
 
-def facts_from_args(args, spec=None):
-    """The model's layer count and positions from its config alone (for ``--dry-run``); ``spec``: the
-    experiment's model instead of the flags' (a recipe's, with the flags given over it)."""
+def facts_from_args(args):
+    """The model's layer count and positions from its config alone (for ``--dry-run``)."""
     from ghosted.validate import model_facts
 
-    model = model_of(args, spec)
-    return model_facts(model.source, trust_remote_code=model.trust_remote_code)
+    return model_facts(args.model, trust_remote_code=args.trust_remote_code)
 
 
 def add_task_args(p: argparse.ArgumentParser) -> None:
@@ -58,23 +55,12 @@ def add_protocol_args(p: argparse.ArgumentParser) -> None:
     add_spec_args(p, ["protocol"])
 
 
-def load_from_args(args, spec=None):
-    """The model the flags name, or ``spec``'s (a recipe's, with the flags given over it)."""
+def load_from_args(args):
     from ghosted.export import load_any  # a saved recovered folder comes back with its operators
 
-    m = model_of(args, spec)
-    return load_any(m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
-                    trust_remote_code=m.trust_remote_code, offload_folder=getattr(args, "offload_folder", None))
-
-
-def model_of(args, spec=None):
-    """The ``ModelSpec`` of ``spec``, or of the model flags."""
-    from ghosted.experiments.spec import ModelSpec
-
-    if spec is not None:
-        return spec.model
-    return ModelSpec(source=args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                     trust_remote_code=args.trust_remote_code)
+    return load_any(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
+                      trust_remote_code=args.trust_remote_code,
+                      offload_folder=getattr(args, "offload_folder", None))
 
 
 def write_json(path: str | None, payload: dict) -> None:

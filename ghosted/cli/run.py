@@ -42,13 +42,16 @@ def handle(args) -> int:
     from ghosted.validate import check_out_file, check_run, plan_run
 
     spec = spec_from_args(args, base=load_spec(args.recipe) if args.recipe else None)
+    m = spec.model  # a recipe's model, unless the flags name another: load (or --dry-run read) that one
+    vars(args).update(model=m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
+                      trust_remote_code=m.trust_remote_code)
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(spec)  # every setting, before the model is loaded
     if args.dry_run:
-        print(plan_run(spec, facts_from_args(args, spec)))
+        print(plan_run(spec, facts_from_args(args)))
         return 0
     try:
-        report, _ = run_experiment(spec, loaded=load_from_args(args, spec))
+        report, _ = run_experiment(spec, loaded=load_from_args(args))
     except (Exception, KeyboardInterrupt) as err:
         return report_stopped(args, err)
     print(format_table(report))
