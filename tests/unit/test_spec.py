@@ -172,3 +172,16 @@ def test_a_recipe_without_a_spec_is_refused_clearly(tmp_path, capsys):
     assert "holds no experiment spec" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="No recipe"):
         load_spec(tmp_path / "missing.json")
+
+
+def test_the_api_runs_a_spec_as_the_command_line_does():
+    import ghosted
+    from ghosted.pipeline import run_experiment
+    from tests.unit.test_grid import tiny_loaded
+
+    options = dict(drop="2-3", methods=["dense", "ghost"], calib_seqs=4, seq_len=32, heldout_seqs=2, eval_tokens=64,
+                   eval_seq_len=32, batch_size=2, device="cpu", dtype="float32", cache=False)
+    spec = ExperimentSpec().with_options(**options)
+    by_api, _ = ghosted.run(model=tiny_loaded(6), **options)
+    by_spec, _ = run_experiment(spec, loaded=tiny_loaded(6))
+    assert _ppl(by_api) == _ppl(by_spec) and by_api["spec"] == spec.to_dict()
