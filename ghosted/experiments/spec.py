@@ -317,6 +317,8 @@ def add_spec_args(parser, names: list[str] | None = None, defaults: dict | None 
             kwargs.update(nargs=0, const=True, default=False)
         else:
             kwargs["default"] = ",".join(default) if isinstance(default, list) else default
+            if default == "" and "choices" in meta:  # a choice left out reads None (argparse shows no empty default)
+                kwargs["default"] = None
             if isinstance(default, (int, float)) or f.type in ("int | None", "float | None"):
                 kwargs["type"] = float if isinstance(default, float) else int
             for key in ("choices", "metavar"):
@@ -343,7 +345,9 @@ def spec_from_args(args, base: ExperimentSpec | None = None, ignore: tuple[str, 
         if dest in ignore or not hasattr(args, dest) or (base is not None and dest not in given):
             continue
         value = getattr(args, dest)
-        if f.metadata.get("invert"):
+        if value is None and f.default == "":  # --protocol left out
+            value = ""
+        elif f.metadata.get("invert"):
             value = not value
         elif "parse" in f.metadata:
             value = f.metadata["parse"](value) if isinstance(value, str) else list(value)
