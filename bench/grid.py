@@ -53,11 +53,11 @@ def grid_command(config: dict) -> str:
     flags = {"selections": "--selections", "n_values": "--n", "evals": "--evals", "eval_tokens": "--eval-tokens",
              "calib_seqs": "--calib-seqs", "seq_len": "--seq-len", "heldout_seqs": "--heldout-seqs",
              "eval_seq_len": "--eval-seq-len", "seed": "--seed", "calib": "--calib"}
-    default = GridConfig()
+    default = vars(GridConfig().flat())
     parts = ["python -m ghosted grid"]
     for key, flag in flags.items():
         value = config.get(key)
-        if value is not None and value != getattr(default, key):
+        if value is not None and value != default[key]:
             parts.append(f"{flag} {','.join(map(str, value)) if isinstance(value, list) else value}")
     return " ".join(parts)
 
@@ -118,19 +118,20 @@ def main(argv: list[str] | None = None) -> GridResult:
     p.add_argument("--from", dest="source", default=None,
                    help="read DIR/grid.json (or DIR1,DIR2: merged) instead of running the grid")
     p.add_argument("--out-dir", default="grid", help="where the grid's CSV, Markdown and JSON go")
-    p.add_argument("--eval-tokens", type=int, default=GridConfig.eval_tokens)
-    p.add_argument("--calib-seqs", type=int, default=GridConfig.calib_seqs)
+    default = vars(GridConfig().flat())
+    p.add_argument("--eval-tokens", type=int, default=default["eval_tokens"])
+    p.add_argument("--calib-seqs", type=int, default=default["calib_seqs"])
     args = p.parse_args(argv)
     if args.source:
         result, commands = load_result(args.source)
     else:
-        cfg = GridConfig(eval_tokens=args.eval_tokens, calib_seqs=args.calib_seqs)
+        cfg = GridConfig.of(eval_tokens=args.eval_tokens, calib_seqs=args.calib_seqs)
         with TqdmProgress() as progress:  # bars and one line per part of the grid, on stderr
             result = run_grid(cfg, progress=progress)
         result.save(args.out_dir)
         extra = "".join(f" --{k.replace('_', '-')} {v}" for k, v in
                         (("eval_tokens", args.eval_tokens), ("calib_seqs", args.calib_seqs))
-                        if v != getattr(GridConfig, k))
+                        if v != default[k])
         commands = [f"python -m bench.grid{extra}"]
     write_block(block(result, commands))
     return result

@@ -217,6 +217,22 @@ def _hold_out_quarter(windows):
     return split_calibration(windows, max(1, n // 4))
 
 
+def run(spec=None, model=None, **options):
+    """Run one experiment: ``spec`` (an ``ghosted.experiments.spec.ExperimentSpec``, or None for the
+    defaults) with ``options`` changed by the command line's names (``drop="20-26"``, ``calib_seqs=16``).
+    ``model``: a ``LoadedModel`` to use instead of loading ``spec.model``. Returns (the JSON report, the
+    ``RecoveryRun``), exactly as ``python -m ghosted run --out`` (the report holds the spec under "spec").
+
+    Example:
+        >>> report, run = ghosted.run(drop="20-26", methods=["dense", "ghost"], calib_seqs=16)
+        >>> [(e["method"], e["ppl"]) for e in report["results"]]
+    """
+    from ghosted.experiments.spec import ExperimentSpec
+    from ghosted.pipeline import run_experiment
+
+    return run_experiment((spec or ExperimentSpec()).with_options(**options), loaded=model)
+
+
 def prune(model, drop):
     """A new model without layers ``drop`` (e.g. "20-26" or [3, 7]), sharing the kept weights.
 
@@ -311,6 +327,6 @@ def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):
     return load_saved(path, device=device, dtype=dtype, **options)
 
 
-__all__ = ["load", "calibrate", "influence", "select", "fit", "prune", "evaluate", "generate",
+__all__ = ["load", "calibrate", "influence", "select", "fit", "run", "prune", "evaluate", "generate",
            "save", "save_recovered", "load_recovered", "IllConditionedFitWarning", "NonFiniteError",
            "__version__"]

@@ -50,7 +50,7 @@ _KINDS = {StreamOperator: "stream", BranchOperator: "branch", RobustStreamOperat
 
 # --------------------------------------------------------------------------------------- saving
 def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=None,
-                   overwrite: bool = False, **save_options) -> Path:
+                   overwrite: bool = False, spec=None, **save_options) -> Path:
     """Write ``model`` (a recovered or plain pruned model) to the folder ``path``; return it.
 
     The folder is written to a temporary sibling and renamed into place only when complete, with
@@ -65,6 +65,8 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
             model's source and revision are recorded too).
         recipe: the ``RecoveryRun`` that produced ``model`` (its settings, dropped layers and
             calibration protocol go into the recipe), or a dict of extra recipe fields, or None.
+        spec: the experiment spec that made it (an ``ExperimentSpec`` or its ``to_dict()``), kept under
+            "spec" so that ``python -m ghosted run --recipe`` can rerun it.
         overwrite: replace a non-empty ``path`` (the old folder is removed once the new one is in place).
         save_options: passed to ``save_pretrained``, e.g. ``max_shard_size="5GB"`` (an offloaded
             model is gathered shard by shard in CPU memory).
@@ -80,6 +82,8 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
     entries, tensors = _operator_entries(model)
     state = {k: v for k, v in model.state_dict().items() if not _is_ghosted_key(k)}
     full = build_recipe(model, entries, recipe, loaded=loaded)
+    if spec is not None:
+        full["spec"] = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)  # an ExperimentSpec, or its dict
     with staged_folder(out) as staged:
         model.save_pretrained(staged, state_dict=state, **save_options)
         if tok is not None:

@@ -25,23 +25,23 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 from torch import nn
 
 from ghosted import validate
-from ghosted.assets import BUNDLED_MODEL
-from ghosted.calibration import CalibrationConfig
 from ghosted.core.progress import Progress, Say, lines
 from ghosted.evaluation import perplexity
 from ghosted.loading import LoadedModel, load_model
-from ghosted.pipeline import result_entry, split_calibration, versions
+from ghosted.experiments.spec import ExperimentSpec
+from ghosted.pipeline import result_entry, versions
 from ghosted.pruning import format_layers
-from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
+from ghosted.recover import BRANCH_METHODS, METHODS, recover
 from ghosted.shared_eval import perplexities
-from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
+from ghosted.text import TokenWindows, evaluation_windows
 
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
     "streamline": "seqcos_streamline",
@@ -49,31 +49,35 @@ ALIASES = {  # the paper's selections, as its released code computes them (seque
 }
 
 
+def grid_base() -> ExperimentSpec:
+    """The settings every cell of the grid shares: a run's defaults, with every method and 8192 tokens
+    per evaluation text."""
+    return ExperimentSpec().with_options(methods=["dense", *METHODS], eval_tokens=8192)
+
+
+GRID_AXES = ("selections", "n_values", "evals")  # what the grid varies, besides the methods
+
+
 @dataclass
 class GridConfig:
-    """The grid. Defaults: the paper's grid, its protocol scaled down to fit a CPU."""
+    """The grid: the shared experiment settings (``base``) and the axes. Defaults: the paper's grid, its
+    protocol scaled down to fit a CPU. ``base.layers`` is unused (the axes choose the layers)."""
 
-    model: str = BUNDLED_MODEL  # bundled model, local folder, .gguf file or hub id
+    base: ExperimentSpec = field(default_factory=grid_base)  # model, calibration, evaluation size, methods
     selections: list[str] = field(default_factory=lambda: ["streamline", "shortgpt"])  # ALIASES keys
     # or any ghosted.layer_influence.CRITERIA name (e.g. streamline_cosine, block_influence)
     n_values: list[int] = field(default_factory=lambda: [7, 11])  # layers removed (paper: 7 and 11 of 32)
-    methods: list[str] = field(default_factory=lambda: ["dense", *METHODS])  # every method
-    calib: str = "bundled:news"  # calibration text (paper: C4 train)
-    calib_seqs: int = 32  # calibration windows fitted (paper: 32)
-    seq_len: int = 256  # calibration window length (paper: 2048)
-    heldout_seqs: int = 8  # extra calibration windows: held-out errors, ghost-auto's choice
     evals: list[str] = field(default_factory=lambda: ["bundled:wiki", "bundled:news"])  # (paper: WikiText-2, PTB, C4)
-    eval_tokens: int = 8192  # tokens per evaluation text, capped at what its evaluation part holds
-    eval_seq_len: int = 512  # perplexity window (paper: 2048)
-    device: str = "auto"  # cuda > mps > cpu
-    dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
-    seed: int = 0  # which calibration windows are drawn
-    batch_size: int = 4  # windows per forward pass
-    cache: bool = True  # reuse calibration statistics saved earlier, save new ones (never changes a result)
-    protocol: str = ""  # perplexity preset (ghosted.protocols) replacing evals/eval_seq_len: "paper", "bundled"
-    tasks: list[str] = field(default_factory=list)  # zero-shot tasks per method: "bundled-lastword", lm-eval names
-    task_limit: int | None = None  # examples per task (None: all)
-    num_fewshot: int = 0  # few-shot examples per task
+
+    @classmethod
+    def of(cls, **options) -> GridConfig:
+        """A grid from flat names: its axes, and the spec's flat names (``calib_seqs=8``) over ``grid_base()``."""
+        axes = {name: list(options.pop(name)) for name in GRID_AXES if name in options}
+        return cls(base=grid_base().with_options(**options), **axes)
+
+    def flat(self) -> SimpleNamespace:
+        """The base's settings and the axes under the command line's flat names (for the checks)."""
+        return SimpleNamespace(**self.base.options(), **{name: getattr(self, name) for name in GRID_AXES})
 
     def criterion(self, selection: str) -> str:
         from ghosted.layer_influence import resolve_criterion
@@ -126,7 +130,7 @@ def choose_layers(model: nn.Module, cfg: GridConfig, fit, held) -> dict[tuple[st
 
     criteria = list(dict.fromkeys(cfg.criterion(s) for s in cfg.selections))
     report = influence(model, fit, InfluenceConfig(metrics=criteria, n_values=list(cfg.n_values),
-                                                   batch_size=cfg.batch_size), heldout=held)
+                                                   batch_size=cfg.base.calibration.batch_size), heldout=held)
     return {(s, n): select(report, cfg.criterion(s), n) for s in cfg.selections for n in cfg.n_values}
 
 
@@ -145,14 +149,14 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
     """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation; and the
     zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
     started = time.perf_counter()
-    rec_cfg = RecoveryConfig(calibration=CalibrationConfig(batch_size=cfg.batch_size, seed=cfg.seed))
-    run = recover(model, layers, methods, fit, held, rec_cfg, progress=progress, cache=cfg.cache)
+    run = recover(model, layers, methods, fit, held, cfg.base.recovery_config(), progress=progress,
+                  cache=cfg.base.calibration.cache)
     fitted = time.perf_counter()
     errors = run.errors()
     models = {name: r.model for name, r in run.results.items()}
     rows = []
     for source, windows in evals.items():
-        results = perplexities(models, windows, batch_size=cfg.batch_size, progress=progress)
+        results = perplexities(models, windows, batch_size=cfg.base.calibration.batch_size, progress=progress)
         for name, model_ in models.items():
             rows.append(_row(source, result_entry(name, results[name], run, errors, model_)))
     tasks = score_tasks(models, tokenizer, cfg, progress)
@@ -161,13 +165,14 @@ def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fi
 
 
 def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, progress: Progress | None):
-    """``cfg.tasks`` scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
-    if not cfg.tasks:
+    """The base's tasks scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
+    ev = cfg.base.evaluation
+    if not ev.tasks:
         return None
     from ghosted.zeroshot import evaluate_tasks
 
-    return evaluate_tasks(models, tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
-                          batch_size=cfg.batch_size, progress=progress)
+    return evaluate_tasks(models, tokenizer, ev.tasks, ev.task_limit, ev.num_fewshot,
+                          batch_size=cfg.base.calibration.batch_size, progress=progress)
 
 
 class GridJournal:
@@ -226,7 +231,7 @@ def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
     from ghosted.stats_cache import model_identity
 
     which_cells = ("selections", "n_values", "methods", "evals", "cache")  # part of each record's key instead
-    settings = {k: v for k, v in asdict(cfg).items() if k not in which_cells}
+    settings = {k: v for k, v in vars(cfg.flat()).items() if k not in which_cells}
     settings["model_identity"] = model_identity(lm.model)
     settings["model_name"] = lm.name
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:24]
@@ -234,7 +239,7 @@ def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
 
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
              out_dir: str | Path | None = None, resume: bool = False) -> GridResult:
-    """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.model``.
+    """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.base.model``.
 
     ``out_dir``: journal each finished part to ``out_dir/grid.jsonl`` and rewrite the csv/md/json files
     after each; ``resume``: take the parts the journal already holds. If the grid is stopped (Ctrl-C or
@@ -270,7 +275,7 @@ class _GridState:
             setting = {"selection": selection, "criterion": self.cfg.criterion(selection), "n": n,
                        "layers": format_layers(layers)}
             cell = self.cells.get(tuple(layers))
-            if cell is not None or not [m for m in self.cfg.methods if m != "dense"]:
+            if cell is not None or not [m for m in self.cfg.base.methods if m != "dense"]:
                 rows += [{**setting, **r} for r in [*self.dense.values(), *(cell or [])]]
                 scored = (self.tasks.get("dense"), self.tasks.get(tuple(layers)))
                 task_rows += [{**r, **setting} for record in scored if record for r in record["rows"]]
@@ -290,23 +295,23 @@ class _GridState:
 
 def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridState, resume: bool) -> GridResult:
     say = lines(progress)  # one line per part of the grid, between the bars of its work
-    lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+    lm = loaded or load_model(cfg.base.model.source, device=cfg.base.model.device, dtype=cfg.base.model.dtype)
     validate.check_grid_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
     journal = GridJournal(state.out_dir, resume) if state.out_dir is not None else None
     settings = settings_digest(cfg, lm)
-    calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
-    fit, held = split_calibration(calib, cfg.heldout_seqs)
+    fit, held = cfg.base.calibration.windows(lm.tokenizer)
     evals, protocol = _evaluation_texts(lm.tokenizer, cfg, say)
-    state.meta = {"config": asdict(cfg), "model": lm.name, "influence_seconds": 0.0, "selections": {},
+    state.meta = {"config": vars(cfg.flat()), "spec": cfg.base.to_dict(),  # config: flat names, for reading
+                  "model": lm.name, "influence_seconds": 0.0, "selections": {},
                   "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
                   "notes": [], "settings": {}, "resumed": [], "protocol": protocol}
     state.chosen = _chosen_layers(lm.model, cfg, fit, held, journal, settings, state, say)
     state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
                                              "reason": why} for (s, n), (lay, why) in state.chosen.items()}
-    if "dense" in cfg.methods:
+    if "dense" in cfg.base.methods:
         _dense_rows(lm.model, cfg, evals, say, progress, journal, settings, state)
         _dense_tasks(lm, cfg, progress, journal, settings, state)
-    recovery = [m for m in dict.fromkeys(cfg.methods) if m != "dense"]
+    recovery = [m for m in dict.fromkeys(cfg.base.methods) if m != "dense"]
     for (selection, n), (layers, _) in state.chosen.items():
         key = tuple(layers)
         if key in state.cells or not recovery:
@@ -358,13 +363,13 @@ def _evaluation_texts(tokenizer, cfg: GridConfig, say: Say) -> tuple[dict[str, T
     """({text: windows}, the protocol as a report field): a named preset, or ``cfg.evals`` capped."""
     from ghosted.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
 
-    if cfg.protocol:
-        protocol = resolve_protocol(cfg.protocol, "", cfg.eval_tokens, cfg.eval_seq_len)
-        evals, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=cfg.calib)
+    ev, calib = cfg.base.evaluation, cfg.base.calibration.source
+    if ev.protocol:
+        protocol = resolve_protocol(ev.protocol, "", ev.tokens, ev.window)
+        evals, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
         return evals, describe_protocol(protocol, skipped)
-    evals = {s: capped_evaluation_windows(tokenizer, s, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
-             for s in cfg.evals}
-    custom = EvalProtocol("custom", tuple(cfg.evals), cfg.eval_seq_len, cfg.eval_tokens, "texts given with --evals")
+    evals = {s: capped_evaluation_windows(tokenizer, s, ev.tokens, ev.window, calib) for s in cfg.evals}
+    custom = EvalProtocol("custom", tuple(cfg.evals), ev.window, ev.tokens, "texts given with --evals")
     return evals, describe_protocol(custom)
 
 
@@ -378,13 +383,13 @@ def task_record(run) -> dict | None:
 def _dense_tasks(lm: LoadedModel, cfg: GridConfig, progress: Progress | None, journal: GridJournal | None,
                  settings: str, state: _GridState) -> None:
     """The dense model's zero-shot scores, once for the whole grid (or resumed)."""
-    if not cfg.tasks:
+    if not cfg.base.evaluation.tasks:
         return
-    record = journal.find("dense-tasks", settings, {"tasks": cfg.tasks}) if journal else None
+    record = journal.find("dense-tasks", settings, {"tasks": cfg.base.evaluation.tasks}) if journal else None
     if record is None:
         record = {"tasks": task_record(score_tasks({"dense": lm.model}, lm.tokenizer, cfg, progress))}
         if journal:
-            journal.add("dense-tasks", settings, {"tasks": cfg.tasks}, tasks=record["tasks"])
+            journal.add("dense-tasks", settings, {"tasks": cfg.base.evaluation.tasks}, tasks=record["tasks"])
     state.tasks["dense"] = record["tasks"]
 
 
@@ -399,7 +404,7 @@ def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Say, progre
             rows[source] = record["row"]
             continue
         say(f"dense on {source}")
-        res = perplexity(model, windows, batch_size=cfg.batch_size, progress=progress, label="dense")
+        res = perplexity(model, windows, batch_size=cfg.base.calibration.batch_size, progress=progress, label="dense")
         rows[source] = _row(source, result_entry("dense", res, None, None, model))
         if journal:
             journal.add("dense", settings, {"eval": source}, row=rows[source])

@@ -8,59 +8,25 @@ from __future__ import annotations
 
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 
 from ghosted import __version__, validate
-from ghosted.assets import BUNDLED_MODEL
-from ghosted.calibration import CalibrationConfig
 from ghosted.core.progress import Progress
+from ghosted.experiments.spec import ExperimentSpec
 from ghosted.loading import LoadedModel, load_model
 from ghosted.protocols import describe_protocol, protocol_windows, resolve_protocol
 from ghosted.pruning import format_layers, parse_layers
-from ghosted.recover import RecoveryConfig, RecoveryRun, recover
+from ghosted.recover import RecoveryRun, recover
 from ghosted.shared_eval import perplexities
-from ghosted.text import TokenWindows, calibration_windows
+from ghosted.text import TokenWindows
 from ghosted.zeroshot import add_task_results, task_columns, task_protocol_lines
 
 
-@dataclass
-class RunConfig:
-    """One experiment. Defaults are the paper's protocol scaled down for a CPU."""
-
-    model: str = BUNDLED_MODEL  # bundled model, local folder, .gguf file or hub id
-    calib: str = "bundled:news"  # calibration text (paper: C4 train)
-    eval: str = "bundled:wiki"  # evaluation text (paper: WikiText-2 test, PTB, C4)
-    calib_seqs: int = 32  # calibration sequences (paper: 32 for the ghost operator)
-    seq_len: int = 256  # calibration sequence length (paper: 2048)
-    heldout_seqs: int = 8  # extra calibration windows, never fitted, for held-out boundary errors
-    eval_tokens: int = 16384  # tokens of evaluation text (paper: the whole test split)
-    eval_seq_len: int = 512  # perplexity window (paper: 2048)
-    device: str = "auto"  # cuda > mps > cpu
-    dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
-    seed: int = 0  # which calibration windows are drawn
-    drop: str = ""  # layers to remove, 0-based, e.g. "20-26" or "3,7,9-11"
-    select: str = ""  # or: choose the layers by this influence criterion (ghosted.layer_influence.CRITERIA)
-    n: int = 0  # how many layers ``select`` removes
-    methods: list[str] = field(default_factory=lambda: ["dense", "none", "ghost-auto"])  # ghost-auto: the
-    # paper's fit or the sink-robust one per gap, never worse than the paper's on the reproduction grid
-    ghost_mode: str = "independent"  # or "sequential"
-    granularity: str = "auto"  # operator per contiguous block or per removed layer
-    eps: float = 1e-6  # ghost ridge
-    solver: str = "solve"  # "solve" or "pinv"
-    batch_size: int = 4  # windows per forward pass
-    cache: bool = True  # reuse calibration statistics saved by an earlier run, save new ones (--no-cache)
-    protocol: str = ""  # perplexity preset (ghosted.protocols): "paper", "bundled", or "" for eval/eval_seq_len
-    tasks: list[str] = field(default_factory=list)  # zero-shot tasks: "bundled-lastword", lm-eval task names
-    task_limit: int | None = None  # examples per task (None: all)
-    num_fewshot: int = 0  # few-shot examples per task (the paper: zero-shot)
-    rank: int | None = None  # ghost-lowrank's rank R (None: d/4)
-
-    def recovery_config(self) -> RecoveryConfig:
-        return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode, rank=self.rank,
-                              granularity=self.granularity,
-                              calibration=CalibrationConfig(batch_size=self.batch_size, seed=self.seed))
+def RunConfig(**options) -> ExperimentSpec:
+    """The experiment spec from the command line's flat names (``RunConfig(drop="2", calib_seqs=8)``)."""
+    return ExperimentSpec().with_options(**options)
 
 
 def split_calibration(windows: TokenWindows, heldout: int) -> tuple[TokenWindows, TokenWindows | None]:
@@ -85,17 +51,17 @@ def versions() -> dict:
             "torch": torch.__version__, "python": platform.python_version()}
 
 
-def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
+def run_experiment(spec: ExperimentSpec, loaded: LoadedModel | None = None,
                    progress: Progress | None = None) -> tuple[dict, RecoveryRun | None]:
-    """Run ``cfg`` and return (a JSON-ready report, the RecoveryRun with the recovered models).
+    """Run ``spec`` and return (a JSON-ready report, the RecoveryRun with the recovered models).
 
     When the run is stopped after the model is loaded (Ctrl-C or an error), the exception goes on
     with a ``partial_report`` attribute: the report of what finished, ``"complete": false``.
     """
-    validate.check_run(cfg)  # before loading: a typo costs seconds, not a calibration pass
-    state = _RunState(cfg, time.perf_counter())
+    validate.check_run(spec)  # before loading: a typo costs seconds, not a calibration pass
+    state = _RunState(spec, time.perf_counter())
     try:
-        return _run(cfg, loaded, progress, state)
+        return _run(spec, loaded, progress, state)
     except BaseException as err:  # Ctrl-C included: attach what finished, and let it go on
         if state.lm is not None and isinstance(err, (Exception, KeyboardInterrupt)):
             err.partial_report = state.report(stopped=err)
@@ -106,7 +72,7 @@ def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
 class _RunState:
     """What a run has finished so far, so that a stopped run can still report it."""
 
-    cfg: RunConfig
+    spec: ExperimentSpec
     started: float  # perf_counter() at the start
     stage: str = "loading the model"  # what the run is doing now
     lm: LoadedModel | None = None
@@ -126,7 +92,8 @@ class _RunState:
         report = {
             "model": self.lm.name, "model_source": self.lm.source, "dropped": self.dropped,
             "dropped_spec": format_layers(self.dropped), "layers": num_layers(self.lm.model),
-            "selection": self.selection, "config": asdict(self.cfg),
+            "selection": self.selection,
+            "config": self.spec.options(), "spec": self.spec.to_dict(),  # config: the flat names, for reading
             "protocol": {"evaluation": (entries[0]["protocol"] if entries and entries[0]["protocol"]
                                         else self.eval_protocol),
                          "calibration": self.calib_protocol, **self.protocol_fields},
@@ -141,7 +108,7 @@ class _RunState:
 
     def _unevaluated(self) -> list[dict]:
         """Entries of the fitted models, without perplexity (the run stopped before evaluating)."""
-        dense = [result_entry("dense", None, None, None, self.lm.model)] if "dense" in self.cfg.methods else []
+        dense = [result_entry("dense", None, None, None, self.lm.model)] if "dense" in self.spec.methods else []
         if self.run is None:
             return dense if self.stage == "evaluation" else []
         errors = self.run.errors()
@@ -155,7 +122,7 @@ class _RunState:
                     "together, batch by batch, so no perplexity had finished)")
         from ghosted.stats_cache import model_identity
 
-        cached = self.cfg.cache and model_identity(self.lm.model) is not None
+        cached = self.spec.calibration.cache and model_identity(self.lm.model) is not None
         saved = " (calibration statistics finished so far are cached)" if cached else ""
         return "no model fitted or evaluated" + saved
 
@@ -164,15 +131,16 @@ def _reason(err: BaseException) -> str:
     return "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
 
 
-def _run(cfg: RunConfig, loaded, progress, state: _RunState) -> tuple[dict, RecoveryRun | None]:
-    lm = state.lm = loaded or load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
-    validate.check_run_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
+def _run(spec: ExperimentSpec, loaded, progress, state: _RunState) -> tuple[dict, RecoveryRun | None]:
+    m, cal, ev = spec.model, spec.calibration, spec.evaluation
+    lm = state.lm = loaded or load_model(m.source, device=m.device, dtype=m.dtype)
+    validate.check_run_model(spec, validate.facts_of_model(lm.model))  # before any forward pass
     state.stage = "choosing layers"
-    dropped, selection = _layers_to_drop(cfg, lm)
+    dropped, selection = _layers_to_drop(spec, lm)
     state.dropped, state.selection = dropped, selection
-    methods = list(dict.fromkeys(cfg.methods))
-    protocol = resolve_protocol(cfg.protocol, cfg.eval, cfg.eval_tokens, cfg.eval_seq_len)
-    eval_sets, skipped_sources = protocol_windows(lm.tokenizer, protocol, calibration_source=cfg.calib)
+    methods = list(dict.fromkeys(spec.methods))
+    protocol = resolve_protocol(ev.protocol, ev.source, ev.tokens, ev.window)
+    eval_sets, skipped_sources = protocol_windows(lm.tokenizer, protocol, calibration_source=cal.source)
     first = next(iter(eval_sets.values()))  # a separate source is read whole
     state.eval_protocol = {**first.protocol, "dtype": lm.dtype, "device": lm.device}
     state.protocol_fields = {"perplexity": describe_protocol(protocol, skipped_sources)}
@@ -182,17 +150,15 @@ def _run(cfg: RunConfig, loaded, progress, state: _RunState) -> tuple[dict, Reco
         if not dropped:
             raise ValueError("Methods other than 'dense' need layers to drop (--drop).")
         state.stage = "calibration and fitting"
-        calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs,
-                                    cfg.seq_len, cfg.seed)
-        fit, held = split_calibration(calib, cfg.heldout_seqs)
+        fit, held = cal.windows(lm.tokenizer)
         state.calib_protocol = fit.protocol
-        run = state.run = recover(lm.model, dropped, recovery_methods, fit, held, cfg.recovery_config(),
-                                  progress=progress, cache=cfg.cache)
+        run = state.run = recover(lm.model, dropped, recovery_methods, fit, held, spec.recovery_config(),
+                                  progress=progress, cache=cal.cache)
     state.stage = "evaluation"
     models = {"dense": lm.model} if "dense" in methods else {}
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
     errors = run.errors() if run else None
-    by_source = {source: perplexities(models, windows, batch_size=cfg.batch_size,
+    by_source = {source: perplexities(models, windows, batch_size=cal.batch_size,
                                       progress=progress)  # leading layers shared by all variants run once
                  for source, windows in eval_sets.items()}
     results = next(iter(by_source.values()))
@@ -203,29 +169,30 @@ def _run(cfg: RunConfig, loaded, progress, state: _RunState) -> tuple[dict, Reco
     state.entries = entries
     state.stage = "zero-shot tasks"
     report = state.report()
-    add_task_results(report, models, lm.tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
+    add_task_results(report, models, lm.tokenizer, ev.tasks, ev.task_limit, ev.num_fewshot,
                      progress=progress)
     report["seconds"] = round(time.perf_counter() - state.started, 2)
     return report, run
 
 
-def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | None]:
-    """``cfg.drop`` parsed, or the layers ``cfg.select`` chooses on the calibration windows (and why)."""
+def _layers_to_drop(spec: ExperimentSpec, lm: LoadedModel) -> tuple[list[int], dict | None]:
+    """``spec.layers.drop`` parsed, or the layers ``select`` chooses on the calibration windows (and why)."""
     from ghosted.arch import num_layers
 
-    if not cfg.select:
-        return parse_layers(cfg.drop, num_layers(lm.model)), None
-    if cfg.drop:
+    layers = spec.layers
+    if not layers.select:
+        return parse_layers(layers.drop, num_layers(lm.model)), None
+    if layers.drop:
         raise ValueError("Give either layers to drop or a criterion to select them with, not both.")
     from ghosted.layer_influence import InfluenceConfig
     from ghosted.selection import select
 
-    calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
-    fit, held = split_calibration(calib, cfg.heldout_seqs)
+    fit, held = spec.calibration.windows(lm.tokenizer)
     started = time.perf_counter()
-    layers, reason = select(lm.model, cfg.select, cfg.n, windows=fit, heldout=held,
-                            config=InfluenceConfig(batch_size=cfg.batch_size, eps=cfg.eps, solver=cfg.solver))
-    return layers, {"metric": cfg.select, "n": cfg.n, "layers": layers, "reason": reason,
+    chosen, reason = select(lm.model, layers.select, layers.n, windows=fit, heldout=held,
+                            config=InfluenceConfig(batch_size=spec.calibration.batch_size, eps=spec.recovery.eps,
+                                                   solver=spec.recovery.solver))
+    return chosen, {"metric": layers.select, "n": layers.n, "layers": chosen, "reason": reason,
                     "seconds": round(time.perf_counter() - started, 2)}
 
 

@@ -237,6 +237,12 @@ def model_facts(source: str, trust_remote_code: bool = False) -> ModelFacts:
 # ---- whole commands ----------------------------------------------------------------------------
 
 
+def flat_settings(cfg):
+    """The settings under the command line's flat names: an ``ExperimentSpec`` or ``GridConfig`` flattened
+    (``.flat()``), anything else (parsed flags) as it is."""
+    return cfg.flat() if hasattr(cfg, "flat") else cfg
+
+
 def check_calibration(cfg, min_seqs: int = 1) -> None:
     """The calibration fields shared by RunConfig, GridConfig and export: sizes, seed, batch, source."""
     check_windows("calib_seqs", cfg.calib_seqs, "seq_len", cfg.seq_len, min_seqs)
@@ -248,6 +254,7 @@ def check_calibration(cfg, min_seqs: int = 1) -> None:
 
 def check_run(cfg) -> None:
     """Config-only checks of a ``RunConfig`` (before the model is loaded)."""
+    cfg = flat_settings(cfg)
     from ghosted.layer_influence import resolve_criterion
 
     check_calibration(cfg)
@@ -274,6 +281,7 @@ def check_run(cfg) -> None:
 
 def check_run_model(cfg, facts: ModelFacts) -> list[int]:
     """Model checks of a ``RunConfig``: the drop spec or n within the layers, windows within positions."""
+    cfg = flat_settings(cfg)
     drop = []
     if facts.layers is not None and cfg.select:
         check_n(cfg.n, facts.layers)
@@ -293,6 +301,7 @@ def eval_window(cfg) -> int:
 
 def check_grid(cfg) -> None:
     """Config-only checks of a ``GridConfig``."""
+    cfg = flat_settings(cfg)
     from ghosted.layer_influence import resolve_criterion
 
     check_calibration(cfg)
@@ -314,6 +323,7 @@ def check_grid(cfg) -> None:
 
 def check_grid_model(cfg, facts: ModelFacts) -> None:
     """Model checks of a ``GridConfig``: every n removes fewer than all layers; windows within positions."""
+    cfg = flat_settings(cfg)
     for n in cfg.n_values:
         check_n(n, facts.layers)
     check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=eval_window(cfg))
@@ -370,6 +380,7 @@ def _evaluation_line(source: str, calib: str, tokens: int, seq_len: int) -> str:
 
 def plan_run(cfg, facts: ModelFacts) -> str:
     """What ``run`` would do, in words, with an estimate of its forward passes (``--dry-run``)."""
+    cfg = flat_settings(cfg)
     from ghosted.layer_influence import resolve_criterion
     from ghosted.pruning import format_layers
 
@@ -411,6 +422,7 @@ def _tasks_line(cfg) -> str:
 
 def plan_grid(cfg, facts: ModelFacts) -> str:
     """What ``grid`` would do (``--dry-run``)."""
+    cfg = flat_settings(cfg)
     from ghosted.layer_influence import resolve_criterion
 
     check_grid_model(cfg, facts)

@@ -30,7 +30,7 @@ from ghosted.text import SourceUnavailableError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ghosted.pipeline import RunConfig
+    from ghosted.experiments.spec import ExperimentSpec
     from ghosted.recover import RecoveryRun
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
@@ -167,7 +167,7 @@ class StoredRun:
 
     model: str  # key of the model it was fitted on (``model_key``)
     run: RecoveryRun  # the operators and the recovered models, from ``ghosted.recover``
-    config: RunConfig  # the settings, as ``python -m ghosted run`` takes them
+    config: ExperimentSpec  # the settings, as ``python -m ghosted run`` takes them (``run --recipe``)
     layers: list[int]  # the dropped layers
     methods: list[str]  # "none" (plain pruning) first, then every fitted method
     frames: dict[str, pd.DataFrame]  # the run's tidy frames for display (errors, spectra, sinks, ...)

@@ -51,7 +51,7 @@ def evaluate(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
     progress("tokenising", 0, 1)
     windows = evaluation_windows(lm.tokenizer, form["text"](), form["tokens"], form["window"])
     models = variants(lm, stored)
-    results = score(models, windows, stored.config.batch_size, progress)
+    results = score(models, windows, stored.config.calibration.batch_size, progress)
     prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
     rows = []
     for i, (name, model) in enumerate(models.items()):
@@ -155,7 +155,7 @@ def zeroshot(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
     if not form["tasks"]:
         raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
     run = evaluate_tasks(variants(lm, stored), lm.tokenizer, form["tasks"], limit=form["limit"],
-                         batch_size=stored.config.batch_size, progress=progress)
+                         batch_size=stored.config.calibration.batch_size, progress=progress)
     notes = [f"zero-shot: skipping {task}: {why}" for task, why in run.skipped.items()]
     return {"frame": run.frame, "protocols": run.protocols, "skipped": run.skipped, "notes": notes}
 

@@ -4,40 +4,31 @@ import io
 import json
 import tempfile
 import zipfile
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import streamlit as st
 
+from ghosted.experiments.spec import command
 from ghosted.pipeline import versions
 from pages import _ui
 
 
 def recipe(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
     """Everything needed to redo the run: model, layers, calibration protocol, methods, versions."""
-    cfg = stored.config
+    spec = stored.config
     if evaluated:
         p = evaluated["protocol"]
-        cfg = replace(cfg, eval=p["source"], eval_tokens=p["n_windows"] * p["seq_len"], eval_seq_len=p["seq_len"])
+        spec = spec.with_options(eval=p["source"], eval_tokens=p["n_windows"] * p["seq_len"], eval_seq_len=p["seq_len"])
     return {
         "format": "ghosted-app-recipe", "model": {"name": lm.name, "source": lm.source, "kind": lm.kind,
                                                   "revision": lm.revision, "dtype": lm.dtype, "device": lm.device},
-        "dropped_layers": stored.layers, "dropped_spec": cfg.drop, "methods": stored.methods,
+        "dropped_layers": stored.layers, "dropped_spec": spec.layers.drop, "methods": stored.methods,
         "calibration": stored.protocol, "heldout": stored.heldout_protocol,
-        "recovery": asdict(stored.run.config), "run_config": asdict(cfg),
+        "recovery": asdict(stored.run.config), "spec": spec.to_dict(),  # what `run --recipe` reruns
         "evaluation": evaluated["protocol"] if evaluated else None,
-        "command": command(cfg), "versions": versions(),
+        "command": command(spec), "versions": versions(),
     }
-
-
-def command(cfg) -> str:
-    """The CLI call that repeats this run (for a text the CLI can read: bundled, file, dataset)."""
-    flags = {"model": cfg.model, "drop": cfg.drop, "methods": ",".join(cfg.methods), "calib": cfg.calib,
-             "calib-seqs": cfg.calib_seqs, "seq-len": cfg.seq_len, "heldout-seqs": cfg.heldout_seqs,
-             "seed": cfg.seed, "ghost-mode": cfg.ghost_mode, "granularity": cfg.granularity,
-             "batch-size": cfg.batch_size, "eval": cfg.eval, "eval-tokens": cfg.eval_tokens,
-             "eval-seq-len": cfg.eval_seq_len, "dtype": cfg.dtype}
-    return " \\\n  ".join(["python -m ghosted run", *(f"--{k} {v}" for k, v in flags.items())])
 
 
 def report(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
@@ -49,13 +40,18 @@ def report(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
             "asymmetry": frames["asymmetry"].to_dict("records")}
 
 
-def zipped(model, lm, run) -> bytes:
+def variant_spec(stored: _ui.StoredRun, method: str) -> dict:
+    """The spec saved with one variant: the run's, with that method alone (as `python -m ghosted export`)."""
+    return stored.config.with_options(methods=[method]).to_dict()
+
+
+def zipped(model, lm, run, spec: dict) -> bytes:
     """The recovered model as a zip of a Hugging Face folder (built only when downloaded)."""
     from ghosted.export import save_recovered
 
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp:
-        folder = save_recovered(model, Path(tmp) / "model", lm, recipe=run)
+        folder = save_recovered(model, Path(tmp) / "model", lm, recipe=run, spec=spec)
         with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:  # weights do not compress
             for file in sorted(folder.rglob("*")):
                 archive.write(file, file.relative_to(folder.parent))
@@ -73,7 +69,7 @@ def model_section(cfg, lm, stored: _ui.StoredRun) -> None:
     names = list(run.results)
     method = st.selectbox("Variant", names, format_func=_ui.label, index=min(1, len(names) - 1))
     model = run.results[method].model
-    st.download_button("Download the model (zip)", data=lambda: zipped(model, lm, run),
+    st.download_button("Download the model (zip)", data=lambda: zipped(model, lm, run, variant_spec(stored, method)),
                        file_name=f"ghosted-{method}.zip", mime="application/zip", icon=":material/download:")
     st.caption("A Hugging Face folder: kept weights, tokenizer, `ghosted_recipe.json` and, when the "
                "method adds operators, `ghosted_operators.safetensors` (load with `ghosted.load_recovered`).")
@@ -84,10 +80,10 @@ def model_section(cfg, lm, stored: _ui.StoredRun) -> None:
             overwrite = st.checkbox("Replace the model already in that folder", key="save_overwrite",
                                     help="Never allowed for the model's own folder or Ghosted's cache.")
             if st.form_submit_button("Save", key="save_submit"):
-                save_to(model, lm, run, target, overwrite)
+                save_to(model, lm, run, target, overwrite, variant_spec(stored, method))
 
 
-def save_to(model, lm, run, target: str, overwrite: bool = False) -> None:
+def save_to(model, lm, run, target: str, overwrite: bool = False, spec: dict | None = None) -> None:
     """Save a variant into a folder on the server (workstations only); a non-empty folder only
     with ``overwrite``, the model's own folder and Ghosted's cache never."""
     from ghosted.export import save_recovered
@@ -97,7 +93,7 @@ def save_to(model, lm, run, target: str, overwrite: bool = False) -> None:
     try:
         with st.spinner("Saving..."):
             folder = save_recovered(model, Path(target.strip()).expanduser(), lm, recipe=run,
-                                    overwrite=overwrite)
+                                    overwrite=overwrite, spec=spec)
     except OSError as err:
         raise ValueError(f"Could not write to {target.strip()}: {err.strerror or err}") from None
     st.success(f"Saved to {folder.resolve()}")

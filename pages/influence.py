@@ -3,10 +3,9 @@
 import streamlit as st
 
 from ghosted.arch import num_layers
+from ghosted.experiments.spec import CalibrationSpec
 from ghosted.layer_influence import CRITERIA, RECOVERABILITY, InfluenceConfig, influence
-from ghosted.pipeline import split_calibration
 from ghosted.selection import select
-from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui
 
 HELDOUT_WINDOWS = 4  # held-out windows drawn when a criterion needs them (cost "heldout")
@@ -59,8 +58,10 @@ def compute(lm, form: dict, progress) -> dict:
     _ui.deployment().check_criteria(form["metrics"])  # demo: no pass per layer, no backward pass
     _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"], heldout)
     progress("tokenising", 0, 1)
-    windows = calibration_windows(lm.tokenizer, form["text"](), form["n_seqs"] + heldout, form["seq_len"], seed=0)
-    fit, held = split_calibration(windows, heldout)
+    text = form["text"]()
+    calibration = CalibrationSpec(source=_text.source_name(text), count=form["n_seqs"], length=form["seq_len"],
+                                  heldout=heldout, seed=0)
+    fit, held = calibration.windows(lm.tokenizer, text=text)
     config = InfluenceConfig(metrics=list(form["metrics"]), recoverability_n_values=sorted(form["rec_n"]) or None)
     report = influence(lm.model, fit, config, heldout=held, progress=progress)
     return {"model": _ui.current_key(), "report": report, "protocol": fit.protocol}

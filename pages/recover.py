@@ -6,10 +6,9 @@ import streamlit as st
 
 from ghosted.arch import hidden_size
 from ghosted.methods import help_text
-from ghosted.pipeline import RunConfig, split_calibration
+from ghosted.experiments.spec import ExperimentSpec
 from ghosted.pruning import format_layers
 from ghosted.recover import METHODS, recover
-from ghosted.text import calibration_windows
 from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
@@ -61,22 +60,20 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> _ui.StoredRun:
     source = form["text"]()
     started = time.perf_counter()
     methods = ["none", *form["methods"]]
-    run_cfg = RunConfig(model=lm.source, calib=_text.source_name(source), calib_seqs=form["n_seqs"],
-                        seq_len=form["seq_len"], heldout_seqs=form["heldout"], seed=form["seed"],
-                        drop=format_layers(layers), methods=["dense", *methods], ghost_mode=form["mode"],
-                        granularity=form["granularity"], batch_size=form["batch"],
-                        device=lm.device, dtype=lm.dtype)
+    spec = ExperimentSpec().with_options(  # the same spec `python -m ghosted run` builds from its flags
+        model=lm.source, calib=_text.source_name(source), calib_seqs=form["n_seqs"], seq_len=form["seq_len"],
+        heldout_seqs=form["heldout"], seed=form["seed"], drop=format_layers(layers), methods=["dense", *methods],
+        ghost_mode=form["mode"], granularity=form["granularity"], batch_size=form["batch"], device=lm.device,
+        dtype=lm.dtype, cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
     progress("tokenising", 0, 1)
-    windows = calibration_windows(lm.tokenizer, source, form["n_seqs"] + form["heldout"],
-                                  form["seq_len"], form["seed"])
-    fit, held = split_calibration(windows, form["heldout"])
-    run = recover(lm.model, layers, methods, fit, held, run_cfg.recovery_config(), progress=progress,
-                  cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
+    fit, held = spec.calibration.windows(lm.tokenizer, text=source)
+    run = recover(lm.model, layers, methods, fit, held, spec.recovery_config(), progress=progress,
+                  cache=spec.calibration.cache)
     progress("spectra and errors", 0, 1)
     frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
               "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
               "positions": run.position_shares(), "choices": run.choices()}
-    return _ui.StoredRun(model=_ui.current_key(), run=run, config=run_cfg, methods=methods, layers=layers,
+    return _ui.StoredRun(model=_ui.current_key(), run=run, config=spec, methods=methods, layers=layers,
                          frames=frames, protocol=fit.protocol, heldout_protocol=held.protocol if held else None,
                          seconds=time.perf_counter() - started)
 

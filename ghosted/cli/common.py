@@ -7,43 +7,24 @@ import json
 import sys
 from pathlib import Path
 
-from ghosted.assets import BUNDLED_MODEL
-
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    from ghosted.experiments.spec import add_spec_args
+
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=BUNDLED_MODEL,
-                   help="bundled model (default), local Hugging Face folder, local .gguf file or hub id")
-    g.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
-    g.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
-    g.add_argument("--device-map", default=None,
-                   help="pass 'auto' to shard a model larger than one device (accelerate)")
+    add_spec_args(g, ["model", "device", "dtype", "device_map"])
     g.add_argument("--offload-folder", default=None,
                    help="with --device-map: folder for the layers that fit on no device (disk offload)")
-    g.add_argument("--trust-remote-code", action="store_true",
-                   help="run code shipped with a hub model (off by default)")
+    add_spec_args(g, ["trust_remote_code"])
 
 
 def add_text_args(p: argparse.ArgumentParser, calib: bool = True, evaluation: bool = True) -> None:
+    """The calibration and evaluation flags, from the experiment spec's fields."""
+    from ghosted.experiments.spec import add_spec_args
+
     g = p.add_argument_group("text and protocol")
-    if calib:
-        g.add_argument("--calib", default="bundled:news",
-                       help="calibration text: bundled:news, bundled:wiki, a plain-text file (any extension, "
-                            "UTF-8) or a .jsonl file, or a dataset name (wikitext-2-raw-v1, c4, ptb, "
-                            "hf:NAME[:CONFIG]) when online")
-        g.add_argument("--calib-seqs", type=int, default=32, help="calibration sequences (default 32)")
-        g.add_argument("--seq-len", type=int, default=256, help="calibration sequence length (default 256)")
-        g.add_argument("--heldout-seqs", type=int, default=8,
-                       help="extra calibration windows kept out of the fit for held-out errors (default 8)")
-        g.add_argument("--seed", type=int, default=0, help="which calibration windows are drawn (default 0)")
-    if evaluation:
-        g.add_argument("--eval", default="bundled:wiki",
-                       help="evaluation text, same choices as --calib (default bundled:wiki); the same "
-                            "source as --calib is split (calibration: first 80 %%, evaluation: last 20 %%), "
-                            "another one is read whole, from its start")
-        g.add_argument("--eval-tokens", type=int, default=16384, help="evaluation tokens (default 16384)")
-        g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window (default 512)")
-    g.add_argument("--batch-size", type=int, default=4, help="windows per forward pass (default 4)")
+    names = ["calib", "calib_seqs", "seq_len", "heldout_seqs", "seed"] if calib else []
+    add_spec_args(g, names + (["eval", "eval_tokens", "eval_seq_len"] if evaluation else []) + ["batch_size"])
 
 
 def add_dry_run(p: argparse.ArgumentParser) -> None:
@@ -70,35 +51,16 @@ def facts_from_args(args):
 
 def add_task_args(p: argparse.ArgumentParser) -> None:
     """--tasks, --task-limit, --num-fewshot: zero-shot accuracy next to perplexity."""
-    g = p.add_argument_group("zero-shot tasks")
-    g.add_argument("--tasks", default="",
-                   help="comma list of tasks scored for every method: bundled-lastword (offline, the last word "
-                        "of bundled Wikipedia paragraphs) and lm-evaluation-harness task names (e.g. arc_easy, "
-                        "hellaswag; online, needs requirements-eval.txt). A task that cannot be loaded is skipped")
-    g.add_argument("--task-limit", type=int, default=None, metavar="N",
-                   help="examples per task (None: all; bundled-lastword has 500)")
-    g.add_argument("--num-fewshot", type=int, default=0, metavar="K", help="few-shot examples per task (the paper: 0)")
+    from ghosted.experiments.spec import add_spec_args
+
+    add_spec_args(p.add_argument_group("zero-shot tasks"), ["tasks", "task_limit", "num_fewshot"])
 
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
     """--protocol: a named perplexity protocol (ghosted.protocols)."""
-    from ghosted.protocols import PROTOCOLS
+    from ghosted.experiments.spec import add_spec_args
 
-    p.add_argument("--protocol", default=None, choices=list(PROTOCOLS),
-                   help="perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
-                        + ". Without it, --eval, --eval-tokens and --eval-seq-len apply")
-
-
-def task_options(args) -> dict:
-    """The task and protocol flags as RunConfig / GridConfig fields."""
-    from ghosted.zeroshot import parse_tasks
-
-    if args.task_limit is not None and args.task_limit < 1:
-        raise ValueError(f"--task-limit must be at least 1 (got {args.task_limit}); leave it out for every example.")
-    if args.num_fewshot < 0:
-        raise ValueError(f"--num-fewshot must be 0 or more (got {args.num_fewshot}).")
-    return {"tasks": parse_tasks(args.tasks), "task_limit": args.task_limit, "num_fewshot": args.num_fewshot,
-            "protocol": getattr(args, "protocol", None) or ""}
+    add_spec_args(p, ["protocol"])
 
 
 def load_from_args(args):

@@ -7,7 +7,7 @@ import sys
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
-    progress_from_args, task_options)
+    progress_from_args)
 
 
 def _list(text: str) -> list[str]:
@@ -15,7 +15,8 @@ def _list(text: str) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    from ghosted.grid import ALIASES
+    from ghosted.experiments.spec import add_spec_args
+    from ghosted.grid import ALIASES, grid_base
     from ghosted.methods import methods_help
 
     p = sub.add_parser("grid", help="the reproduction grid: selection x layers removed x every method",
@@ -33,9 +34,7 @@ def add_parser(sub) -> None:
     g.add_argument("--n", default="7,11", help="numbers of layers removed, comma list")
     g.add_argument("--methods", default="all", help="'all' or a " + methods_help())
     g.add_argument("--evals", default="bundled:wiki,bundled:news", help="evaluation texts, comma list")
-    g.add_argument("--eval-tokens", type=int, default=8192,
-                   help="tokens per evaluation text (capped at what its evaluation part holds)")
-    g.add_argument("--eval-seq-len", type=int, default=512, help="perplexity window")
+    add_spec_args(g, ["eval_tokens", "eval_seq_len"], defaults={"eval_tokens": grid_base().evaluation.tokens})
     add_protocol_args(p)
     add_task_args(p)
     p.add_argument("--out-dir", default="grid",
@@ -43,24 +42,21 @@ def add_parser(sub) -> None:
                         "grid.jsonl, the journal of finished cells")
     p.add_argument("--resume", action="store_true",
                    help="keep the cells a previous grid in --out-dir finished (same settings) and run the rest")
-    p.add_argument("--no-cache", action="store_true",
-                   help="compute calibration statistics again instead of reusing (and saving) them")
+    add_spec_args(p, ["cache"])
     add_dry_run(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
+    from ghosted.experiments.spec import spec_from_args
     from ghosted.grid import GridConfig, run_grid
     from ghosted.recover import METHODS
     from ghosted.validate import check_grid, check_out_dir, parse_counts, plan_grid
 
     methods = ["dense", *METHODS] if args.methods == "all" else _list(args.methods)
-    cfg = GridConfig(model=args.model, selections=_list(args.selections), n_values=parse_counts(args.n, "--n"),
-                     methods=methods, calib=args.calib, calib_seqs=args.calib_seqs, seq_len=args.seq_len,
-                     heldout_seqs=args.heldout_seqs, evals=_list(args.evals), eval_tokens=args.eval_tokens,
-                     eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype, seed=args.seed,
-                     batch_size=args.batch_size, cache=not args.no_cache,
-                     **task_options(args))
+    base = spec_from_args(args, ignore=("n", "methods")).with_options(methods=methods)  # --n, --methods: the grid's
+    cfg = GridConfig(base=base, selections=_list(args.selections), n_values=parse_counts(args.n, "--n"),
+                     evals=_list(args.evals))
     check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
     check_grid(cfg)  # every setting, before the model is loaded
     if args.dry_run:

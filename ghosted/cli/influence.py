@@ -74,10 +74,9 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 def handle(args) -> int:
     from ghosted.arch import num_layers
+    from ghosted.experiments.spec import spec_from_args
     from ghosted.layer_influence import InfluenceConfig, influence
-    from ghosted.pipeline import split_calibration
     from ghosted.selection import selections
-    from ghosted.text import calibration_windows
     from ghosted.validate import facts_of_model, plan_influence
 
     metrics, n_values = check_args(args)  # every setting, before the model is loaded
@@ -94,9 +93,7 @@ def handle(args) -> int:
                           batch_size=args.batch_size, eps=args.eps,
                           candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
                           max_gram_gib=args.max_gram_gib)
-    calib = calibration_windows(lm.tokenizer, args.calib, args.calib_seqs + args.heldout_seqs, args.seq_len,
-                                args.seed)
-    fit, held = split_calibration(calib, args.heldout_seqs)
+    fit, held = spec_from_args(args).calibration.windows(lm.tokenizer)
     with progress_from_args(args) as progress:
         report = influence(lm.model, fit, cfg, heldout=held, progress=progress)
     report.meta["model"] = lm.name

@@ -7,72 +7,52 @@ import sys
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
-    progress_from_args, task_options, write_json)
-from ghosted.methods import methods_help
+    progress_from_args, write_json)
 
 
 def add_parser(sub) -> None:
-    from ghosted.layer_influence import alias_text
+    from ghosted.experiments.spec import add_spec_args
 
     p = sub.add_parser("run", help="prune layers, recover them with each method, report perplexity",
                        description="Prune layers, fit each recovery method on calibration text, and "
-                                   "print perplexity with its protocol.",
+                                   "print perplexity with its protocol. With --recipe, rerun the "
+                                   "experiment a results JSON or a ghosted_recipe.json holds; the other "
+                                   "flags given on the command line override it.",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--recipe", default=None, metavar="FILE",
+                   help="rerun the experiment saved in FILE: a results JSON (run --out), a ghosted_recipe.json "
+                        "or a saved model's folder; every other flag given on the command line overrides "
+                        "the recipe's value (the defaults shown apply only without --recipe)")
     add_model_args(p)
     add_text_args(p)
-    g = p.add_argument_group("pruning and recovery")
-    g.add_argument("--drop", default="",
-                   help="layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
-    g.add_argument("--select", default="", metavar="METRIC",
-                   help="instead of --drop, let this influence criterion choose the layers "
-                        "(see 'python -m ghosted influence --help'), e.g. recoverability; aliases: "
-                        + alias_text() + "; prunecomp:<criterion> runs Prune&Comp's iterative "
-                        "prune-and-compensate loop on it")
-    g.add_argument("--n", type=int, default=0, help="how many layers --select removes")
-    g.add_argument("--methods", default="dense,none,ghost-auto",
-                   help=methods_help())
-    g.add_argument("--ghost-mode", default="independent", choices=["independent", "sequential"],
-                   help="fit every operator on the dense model (paper), or each on the model already "
-                        "pruned and patched upstream")
-    g.add_argument("--granularity", default="auto", choices=["auto", "block", "layer"],
-                   help="one operator per contiguous block or per removed layer (auto: block for a "
-                        "single block, per layer otherwise, as the paper)")
-    g.add_argument("--eps", type=float, default=1e-6, help="ridge of the ghost solve")
-    g.add_argument("--solver", default="solve", choices=["solve", "pinv"],
-                   help="normal equations, or the exact minimum-norm pseudo-inverse")
-    g.add_argument("--rank", type=int, default=None,
-                   help="rank R of ghost-lowrank's correction M = U·V (2·d·R parameters; default d/4)")
+    add_spec_args(p.add_argument_group("pruning and recovery"),
+                  ["drop", "select", "n", "methods", "ghost_mode", "granularity", "eps", "solver", "rank", "fold"])
     add_protocol_args(p)
     add_task_args(p)
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
                                                  "with \"complete\": false, when the run is stopped)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="compute calibration statistics again instead of reusing (and saving) them; "
-                        "see 'python -m ghosted cache'")
+    add_spec_args(p, ["cache"])
     add_dry_run(p)
     p.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
-    from ghosted.pipeline import RunConfig, format_table, run_experiment
+    from ghosted.experiments.spec import load_spec, spec_from_args
+    from ghosted.pipeline import format_table, run_experiment
     from ghosted.validate import check_out_file, check_run, plan_run
 
-    cfg = RunConfig(model=args.model, calib=args.calib, eval=args.eval, calib_seqs=args.calib_seqs,
-                    seq_len=args.seq_len, heldout_seqs=args.heldout_seqs, eval_tokens=args.eval_tokens,
-                    eval_seq_len=args.eval_seq_len, device=args.device, dtype=args.dtype,
-                    seed=args.seed, drop=args.drop, select=args.select, n=args.n,
-                    methods=[m.strip() for m in args.methods.split(",") if m.strip()],
-                    ghost_mode=args.ghost_mode, granularity=args.granularity, eps=args.eps,
-                    solver=args.solver, batch_size=args.batch_size, cache=not args.no_cache, rank=args.rank,
-                    **task_options(args))
+    spec = spec_from_args(args, base=load_spec(args.recipe) if args.recipe else None)
+    m = spec.model  # a recipe's model, unless the flags name another: load (or --dry-run read) that one
+    vars(args).update(model=m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
+                      trust_remote_code=m.trust_remote_code)
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
-    check_run(cfg)  # every setting, before the model is loaded
+    check_run(spec)  # every setting, before the model is loaded
     if args.dry_run:
-        print(plan_run(cfg, facts_from_args(args)))
+        print(plan_run(spec, facts_from_args(args)))
         return 0
     try:
         with progress_from_args(args) as progress:
-            report, _ = run_experiment(cfg, loaded=load_from_args(args), progress=progress)
+            report, _ = run_experiment(spec, loaded=load_from_args(args), progress=progress)
     except (Exception, KeyboardInterrupt) as err:
         return report_stopped(args, err)
     print(format_table(report))

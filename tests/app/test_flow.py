@@ -132,6 +132,10 @@ def test_export_downloads(flow):
     assert recipe["dropped_layers"] == LAYERS and recipe["methods"] == ["none", *METHODS]
     assert recipe["calibration"]["n_windows"] == 4 and "transformers" in recipe["versions"]
     assert "--drop 20-23" in recipe["command"]
+    from ghosted.experiments.spec import ExperimentSpec  # the spec, in the format of `run --out` and `export`
+
+    spec = ExperimentSpec.from_dict(recipe["spec"])
+    assert (spec.layers.drop, spec.calibration.count, spec.methods) == ("20-23", 4, ["dense", "none", *METHODS])
 
 
 def test_learn_uses_the_run(flow):

@@ -77,4 +77,8 @@ def test_the_save_box_refuses_what_it_must_and_overwrites_only_when_asked(app, t
     save(at, model, overwrite=True)
     no_exception(at)
     assert not errors(at) and (model / RECIPE_FILE).exists() and not (model / "stale.txt").exists()
+    from ghosted.experiments.spec import load_spec  # the spec, as `export` saves it: that variant alone
+
+    spec = load_spec(model)
+    assert (spec.layers.drop, spec.methods) == ("20-21", ["ghost"])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []

@@ -41,7 +41,7 @@ def tiny_loaded(layers: int = 8) -> LoadedModel:
 def small_config(**overrides) -> GridConfig:
     base = dict(n_values=[2, 3], calib_seqs=6, seq_len=32, heldout_seqs=2, eval_tokens=96, eval_seq_len=32,
                 batch_size=2, device="cpu", dtype="float32")
-    return GridConfig(**{**base, **overrides})
+    return GridConfig.of(**{**base, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_layers_are_the_criteria_choices(tiny_grid):
 
     lm, result = tiny_grid
     cfg = small_config()
-    fit, held = split_calibration(calibration_windows(lm.tokenizer, cfg.calib, 8, 32, 0), 2)
+    fit, held = split_calibration(calibration_windows(lm.tokenizer, cfg.base.calibration.source, 8, 32, 0), 2)
     report = influence(lm.model, fit, InfluenceConfig(metrics=["seqcos_streamline", "seqcos_shortgpt"],
                                                       n_values=[2, 3], batch_size=2), heldout=held)
     for (selection, n, layers), _ in result.frame.groupby(["selection", "n", "layers"]):
@@ -87,7 +87,8 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
     lm, result = tiny_grid
     cfg = small_config()
     for source in cfg.evals:
-        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.eval_tokens, cfg.eval_seq_len, cfg.calib)
+        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.base.evaluation.tokens,
+                                            cfg.base.evaluation.window, cfg.base.calibration.source)
         rows = result.frame[result.frame["eval"] == source]
         dense = perplexity(lm.model, windows, batch_size=2).ppl
         # the grid's shared evaluation runs the same float32 ops as evaluating alone (same machine, same
@@ -166,6 +167,6 @@ def test_cli_builds_the_config(monkeypatch, tmp_path, capsys):
                  "--eval-tokens", "1024", "--calib-seqs", "8", "--out-dir", str(tmp_path)])
     assert code == 0
     cfg = seen["cfg"]
-    assert (cfg.selections, cfg.n_values, cfg.methods, cfg.eval_tokens, cfg.calib_seqs) == (
+    assert (cfg.selections, cfg.n_values, cfg.base.methods, cfg.base.evaluation.tokens, cfg.base.calibration.count) == (
         ["shortgpt"], [7], ["dense", "ghost"], 1024, 8)
     assert (tmp_path / "grid.md").exists() and "3.00" in capsys.readouterr().out

@@ -141,8 +141,8 @@ def test_cli_passes_the_task_flags(monkeypatch, tmp_path, capsys):
     code = main(["run", "--drop", "3", "--tasks", f" {TASK}, arc_easy ,{TASK}", "--task-limit", "50",
                  "--num-fewshot", "2", "--protocol", "bundled", "--out", str(out)])
     assert code == 0
-    cfg = seen["cfg"]
-    assert (cfg.tasks, cfg.task_limit, cfg.num_fewshot, cfg.protocol) == ([TASK, "arc_easy"], 50, 2, "bundled")
+    ev = seen["cfg"].evaluation  # run_experiment gets the experiment spec
+    assert (ev.tasks, ev.task_limit, ev.num_fewshot, ev.protocol) == ([TASK, "arc_easy"], 50, 2, "bundled")
     assert json.loads(out.read_text())["model"] == "m"
 
 

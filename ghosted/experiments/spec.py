@@ -1,0 +1,405 @@
+"""One experiment as data: the model, calibration, evaluation, the layers, the methods, the recovery.
+
+``ExperimentSpec`` is what ``python -m ghosted run`` and ``export``, the grid, the app and the API
+build and run; it is saved, as ``to_dict()``, under ``"spec"`` in the results JSON (``run --out``)
+and in the ``ghosted_recipe.json`` saved with a model, and ``from_dict`` (or ``load_spec`` on such a
+file) rebuilds it, so that ``python -m ghosted run --recipe FILE`` reruns the experiment.
+
+Every leaf field carries its command-line flag in its metadata (``flag``, ``help``, and optionally
+``choices``, ``metavar``, ``invert`` for a ``--no-X`` switch, ``option`` for its flat name, ``parse``
+for a comma list): ``add_spec_args`` adds the flags to a parser and ``spec_from_args`` reads them back,
+so that a field and its flag cannot drift apart. The flat names (the flags' argparse destinations,
+``calib_seqs``, ``eval_seq_len``, ...) are also what ``options()`` / ``with_options`` speak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+from ghosted.assets import BUNDLED_MODEL
+
+SPEC_VERSION = 1  # bumped when a field changes meaning
+
+
+def _option(default, flag: str, help, **extra):
+    """A spec field with its command-line flag; a list default becomes a factory."""
+    meta = {"flag": flag, "help": help, **extra}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _methods_help() -> str:
+    from ghosted.methods import methods_help
+
+    return methods_help()
+
+
+def _select_help() -> str:
+    from ghosted.layer_influence import alias_text
+
+    return ("instead of --drop, let this influence criterion choose the layers (see 'python -m ghosted "
+            "influence --help'), e.g. recoverability; aliases: " + alias_text() + "; prunecomp:<criterion> "
+            "runs Prune&Comp's iterative prune-and-compensate loop on it")
+
+
+def _protocol_choices() -> list[str]:
+    from ghosted.protocols import PROTOCOLS
+
+    return list(PROTOCOLS)
+
+
+def _protocol_help() -> str:
+    from ghosted.protocols import PROTOCOLS
+
+    return ("perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
+            + ". Without it, --eval, --eval-tokens and --eval-seq-len apply")
+
+
+def _parse_tasks(text: str) -> list[str]:
+    from ghosted.zeroshot import parse_tasks
+
+    return parse_tasks(text)
+
+
+def _comma_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+_TEXT_CHOICES = ("bundled:news, bundled:wiki, a plain-text file (any extension, UTF-8) or a .jsonl file, or a "
+                 "dataset name (wikitext-2-raw-v1, c4, ptb, hf:NAME[:CONFIG]) when online")
+
+
+@dataclass
+class ModelSpec:
+    """Which model, and where and in which precision it runs."""
+
+    source: str = _option(BUNDLED_MODEL, "--model",  # the bundled model, a folder, a .gguf file or a hub id
+                          "bundled model (default), local Hugging Face folder, local .gguf file or hub id")
+    device: str = _option("auto", "--device",  # cuda > mps > cpu
+                          "auto (cuda > mps > cpu), cpu, cuda, cuda:N, mps")
+    dtype: str = _option("auto", "--dtype",  # bfloat16 on GPU, float32 on CPU
+                         "auto (bf16 on GPU, fp32 on CPU), float32, bfloat16, float16")
+    device_map: str | None = _option(None, "--device-map",  # None: one device; "auto": sharded by accelerate
+                                     "pass 'auto' to shard a model larger than one device (accelerate)")
+    trust_remote_code: bool = _option(False, "--trust-remote-code",  # never run a hub model's code unasked
+                                      "run code shipped with a hub model (off by default)")
+
+
+@dataclass
+class CalibrationSpec:
+    """The calibration windows: which text, how many, how long, which ones, and how many held out."""
+
+    source: str = _option("bundled:news", "--calib",  # calibration text (paper: C4 train)
+                          "calibration text: " + _TEXT_CHOICES, option="calib")
+    count: int = _option(32, "--calib-seqs",  # windows fitted (paper: 32 for the ghost operator)
+                         "calibration sequences (default 32)")
+    length: int = _option(256, "--seq-len",  # tokens per window (paper: 2048)
+                          "calibration sequence length (default 256)")
+    heldout: int = _option(8, "--heldout-seqs",  # extra windows, never fitted: held-out errors, ghost-auto
+                           "extra calibration windows kept out of the fit for held-out errors (default 8)")
+    seed: int = _option(0, "--seed",  # which windows are drawn
+                        "which calibration windows are drawn (default 0)")
+    batch_size: int = _option(4, "--batch-size",  # windows per forward pass (calibration and evaluation)
+                              "windows per forward pass (default 4)")
+    cache: bool = _option(True, "--no-cache",  # reuse calibration statistics saved earlier, save new ones
+                          "compute calibration statistics again instead of reusing (and saving) them; "
+                          "see 'python -m ghosted cache'", invert=True, option="cache")
+
+    def windows(self, tokenizer, text=None):
+        """(fit windows, held-out windows or None): ``count + heldout`` windows drawn once, the last
+        ``heldout`` kept out of the fit. ``text``: the text itself, when ``source`` only names it (an
+        uploaded file in the app)."""
+        from ghosted.pipeline import split_calibration
+        from ghosted.text import calibration_windows
+
+        drawn = calibration_windows(tokenizer, self.source if text is None else text,
+                                    self.count + self.heldout, self.length, self.seed)
+        return split_calibration(drawn, self.heldout)
+
+
+@dataclass
+class EvaluationSpec:
+    """How the models are scored: perplexity on a text (or a named protocol) and zero-shot tasks."""
+
+    source: str = _option("bundled:wiki", "--eval",  # evaluation text (paper: WikiText-2 test, PTB, C4)
+                          "evaluation text, same choices as --calib (default bundled:wiki); the same source as "
+                          "--calib is split (calibration: first 80 %%, evaluation: last 20 %%), another one is "
+                          "read whole, from its start", option="eval")
+    tokens: int = _option(16384, "--eval-tokens",  # tokens of evaluation text (paper: the whole test split)
+                          "evaluation tokens (default 16384)")
+    window: int = _option(512, "--eval-seq-len",  # perplexity window (paper: 2048)
+                          "perplexity window (default 512)")
+    protocol: str = _option("", "--protocol",  # a preset of ghosted.protocols ("paper", "bundled"), "": the above
+                            _protocol_help, choices=_protocol_choices)
+    tasks: list[str] = _option([], "--tasks",  # zero-shot tasks: "bundled-lastword", lm-eval task names
+                               "comma list of tasks scored for every method: bundled-lastword (offline, the last "
+                               "word of bundled Wikipedia paragraphs) and lm-evaluation-harness task names (e.g. "
+                               "arc_easy, hellaswag; online, needs requirements-eval.txt). A task that cannot be "
+                               "loaded is skipped", parse=_parse_tasks)
+    task_limit: int | None = _option(None, "--task-limit",  # examples per task (None: all)
+                                     "examples per task (None: all; bundled-lastword has 500)", metavar="N")
+    num_fewshot: int = _option(0, "--num-fewshot",  # few-shot examples per task (the paper: zero-shot)
+                               "few-shot examples per task (the paper: 0)", metavar="K")
+
+
+@dataclass
+class LayersSpec:
+    """The layers removed: given (``drop``), or chosen by a criterion (``select`` and ``n``)."""
+
+    drop: str = _option("", "--drop",  # 0-based, ranges inclusive, e.g. "20-26" or "3,7,9-11"
+                        "layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
+    select: str = _option("", "--select",  # or a criterion of ghosted.layer_influence.CRITERIA chooses them
+                          _select_help, metavar="METRIC")
+    n: int = _option(0, "--n",  # how many layers ``select`` removes
+                     "how many layers --select removes")
+
+
+@dataclass
+class RecoverySpec:
+    """How the removed layers are recovered (the settings every method shares)."""
+
+    ghost_mode: str = _option("independent", "--ghost-mode",  # every fit on the dense model (paper), or sequential
+                              "fit every operator on the dense model (paper), or each on the model already "
+                              "pruned and patched upstream", choices=["independent", "sequential"])
+    granularity: str = _option("auto", "--granularity",  # block for a single block, per layer otherwise (paper)
+                               "one operator per contiguous block or per removed layer (auto: block for a single "
+                               "block, per layer otherwise, as the paper)", choices=["auto", "block", "layer"])
+    eps: float = _option(1e-6, "--eps",  # ridge of the ghost solve (the paper's code)
+                         "ridge of the ghost solve")
+    solver: str = _option("solve", "--solver",  # normal equations; "pinv": exact minimum-norm
+                          "normal equations, or the exact minimum-norm pseudo-inverse", choices=["solve", "pinv"])
+    rank: int | None = _option(None, "--rank",  # ghost-lowrank's rank R (None: d/4)
+                               "rank R of ghost-lowrank's correction M = U·V (2·d·R parameters; default d/4)")
+    fold: bool = _option(True, "--no-fold",  # fold ReplaceMe's map into the weights when it can
+                         "keep ReplaceMe's map as a hooked operator instead of folding it into weights",
+                         invert=True, option="fold")
+
+
+@dataclass
+class ExperimentSpec:
+    """One experiment. Defaults are the paper's protocol scaled down for a CPU."""
+
+    model: ModelSpec = field(default_factory=ModelSpec)  # the bundled model, device and dtype chosen for the machine
+    calibration: CalibrationSpec = field(default_factory=CalibrationSpec)  # 32 + 8 windows of 256 bundled:news tokens
+    evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)  # 16384 tokens of bundled:wiki, window 512
+    layers: LayersSpec = field(default_factory=LayersSpec)  # none: give drop, or select and n
+    methods: list[str] = _option(["dense", "none", "ghost-auto"], "--methods",  # ghost-auto: the paper's fit
+                                 _methods_help, parse=_comma_list)  # or the sink-robust one per gap
+    recovery: RecoverySpec = field(default_factory=RecoverySpec)  # the paper's ridge and solver, independent fits
+
+    def to_dict(self) -> dict:
+        """Plain JSON: ``{"spec_version": 1, "model": {...}, "calibration": {...}, ...}``."""
+        return {"spec_version": SPEC_VERSION, **_plain(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ExperimentSpec:
+        """The spec ``to_dict`` wrote; a missing field takes its default, an unknown one is refused."""
+        if not isinstance(data, dict):
+            raise TypeError(f"An experiment spec is a JSON object, not {type(data).__name__}.")
+        data = dict(data)
+        version = data.pop("spec_version", SPEC_VERSION)
+        if version != SPEC_VERSION:
+            raise ValueError(f"This spec has spec_version {version!r}; this Ghosted reads version {SPEC_VERSION}. "
+                             "Use the Ghosted version that wrote it (see the file's \"versions\").")
+        return _build(cls, data, "spec")
+
+    def options(self) -> dict:
+        """Every field under its flat name (the command line's: ``calib_seqs``, ``eval_seq_len``, ...)."""
+        return {_flat_name(f): _get(self, path) for path, f in _leaves(type(self))}
+
+    def flat(self) -> SimpleNamespace:
+        """``options()`` as attributes, for checks written against the command line's names."""
+        return SimpleNamespace(**self.options())
+
+    def with_options(self, **options) -> ExperimentSpec:
+        """A copy with fields changed by their flat names (``with_options(calib_seqs=8)``)."""
+        paths = {_flat_name(f): path for path, f in _leaves(type(self))}
+        unknown = sorted(set(options) - set(paths))
+        if unknown:
+            raise TypeError(f"Unknown experiment setting(s) {', '.join(unknown)}; known: {', '.join(paths)}.")
+        spec = self
+        for name, value in options.items():
+            spec = _set(spec, paths[name], list(value) if isinstance(value, (list, tuple)) else value)
+        return spec
+
+    def recovery_config(self):
+        """The ``RecoveryConfig`` these settings give (``recover``'s settings)."""
+        from ghosted.calibration import CalibrationConfig
+        from ghosted.recover import RecoveryConfig
+
+        r, c = self.recovery, self.calibration
+        return RecoveryConfig(eps=r.eps, solver=r.solver, mode=r.ghost_mode, rank=r.rank, granularity=r.granularity,
+                              replaceme_fold=r.fold,
+                              calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
+
+
+# ------------------------------------------------------------------------------------ the fields
+def _leaves(cls, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
+    """(path, field) of every field with a flag, depth first, in declaration order."""
+    for f in fields(cls):
+        if is_dataclass(f.default_factory):
+            yield from _leaves(f.default_factory, (*path, f.name))
+        elif "flag" in f.metadata:
+            yield (*path, f.name), f
+
+
+def _flat_name(f) -> str:
+    return f.metadata.get("option") or f.metadata["flag"].lstrip("-").replace("-", "_")
+
+
+def _get(spec, path: tuple[str, ...]):
+    for name in path:
+        spec = getattr(spec, name)
+    return list(spec) if isinstance(spec, list) else spec
+
+
+def _set(spec, path: tuple[str, ...], value):
+    """A copy of ``spec`` with the field at ``path`` set (the nested parts copied, never changed)."""
+    if len(path) == 1:
+        return replace(spec, **{path[0]: value})
+    return replace(spec, **{path[0]: _set(getattr(spec, path[0]), path[1:], value)})
+
+
+def _plain(spec) -> dict:
+    return {f.name: (_plain(getattr(spec, f.name)) if is_dataclass(f.default_factory)
+                     else _get(spec, (f.name,))) for f in fields(spec)}
+
+
+def _build(cls, data: dict, where: str):
+    """``cls`` from its dict; a missing field takes its default, an unknown one is refused."""
+    if not isinstance(data, dict):
+        raise TypeError(f"'{where}' of an experiment spec must be a JSON object, not {type(data).__name__}.")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ValueError(f"Unknown key(s) in '{where}' of the experiment spec: {', '.join(unknown)}. "
+                         f"Known: {', '.join(known)}. Was the file written by a newer Ghosted, or edited by hand?")
+    values = {}
+    for name, value in data.items():
+        nested = known[name].default_factory
+        values[name] = _build(nested, value, f"{where}.{name}") if is_dataclass(nested) else value
+    return cls(**values)
+
+
+# ------------------------------------------------------------------------------------ the command line
+class _Recorded(argparse.Action):
+    """Stores a flag's value and remembers that it was given (so that it overrides a recipe)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        given = set(getattr(namespace, "given_flags", None) or ())
+        setattr(namespace, "given_flags", given | {self.dest})
+
+
+def _called(value):
+    return value() if callable(value) else value
+
+
+def add_spec_args(parser, names: list[str] | None = None, defaults: dict | None = None,
+                  required: tuple[str, ...] = (), spec_class=ExperimentSpec) -> None:
+    """Add the flags of the spec's fields named ``names`` (flat names; None: all) to ``parser`` (or a
+    group), in the spec's order; ``defaults`` replaces a field's default, ``required`` makes flags required."""
+    defaults = defaults or {}
+    for _, f in _leaves(spec_class):
+        name = _flat_name(f)
+        if names is not None and name not in names:
+            continue
+        meta = f.metadata
+        default = defaults.get(name, f.default_factory() if f.default is MISSING else f.default)
+        kwargs = {"help": _called(meta["help"]), "action": _Recorded, "dest": _dest(f)}
+        if isinstance(default, bool):  # a switch: --trust-remote-code sets True, --no-cache sets cache False
+            kwargs.update(nargs=0, const=True, default=False)
+        else:
+            kwargs["default"] = ",".join(default) if isinstance(default, list) else default
+            if default == "" and "choices" in meta:  # a choice left out reads None (argparse shows no empty default)
+                kwargs["default"] = None
+            if isinstance(default, (int, float)) or f.type in ("int | None", "float | None"):
+                kwargs["type"] = float if isinstance(default, float) else int
+            for key in ("choices", "metavar"):
+                if key in meta:
+                    kwargs[key] = _called(meta[key])
+        if name in required:
+            kwargs["required"] = True
+            kwargs.pop("default", None)
+        parser.add_argument(meta["flag"], **kwargs)
+
+
+def _dest(f) -> str:
+    return f.metadata["flag"].lstrip("-").replace("-", "_")
+
+
+def spec_from_args(args, base: ExperimentSpec | None = None, ignore: tuple[str, ...] = ()) -> ExperimentSpec:
+    """The spec the parsed flags give. Without ``base``: every flag the parser has, on the defaults;
+    with ``base`` (a recipe's spec): only the flags given on the command line change it. ``ignore``:
+    destinations that mean something else to this command (the grid's ``--n`` is a list)."""
+    given = getattr(args, "given_flags", None) or set()
+    options = {}
+    for _, f in _leaves(ExperimentSpec):
+        dest = _dest(f)
+        if dest in ignore or not hasattr(args, dest) or (base is not None and dest not in given):
+            continue
+        value = getattr(args, dest)
+        if value is None and f.default == "":  # --protocol left out
+            value = ""
+        elif f.metadata.get("invert"):
+            value = not value
+        elif "parse" in f.metadata:
+            value = f.metadata["parse"](value) if isinstance(value, str) else list(value)
+        options[_flat_name(f)] = value
+    _check_task_flags(options)
+    return (base or ExperimentSpec()).with_options(**options)
+
+
+def _check_task_flags(options: dict) -> None:
+    limit, shots = options.get("task_limit"), options.get("num_fewshot", 0)
+    if limit is not None and limit < 1:
+        raise ValueError(f"--task-limit must be at least 1 (got {limit}); leave it out for every example.")
+    if shots < 0:
+        raise ValueError(f"--num-fewshot must be 0 or more (got {shots}).")
+
+
+def command(spec: ExperimentSpec) -> str:
+    """The ``python -m ghosted run`` call that repeats ``spec``: its model, layers and methods, and every
+    other flag whose value is not the default."""
+    default, given = ExperimentSpec().options(), spec.options()
+    lines = ["python -m ghosted run"]
+    for _, f in _leaves(ExperimentSpec):
+        name = _flat_name(f)
+        value = given[name]
+        if value == default[name] and name not in ("model", "drop", "methods"):
+            continue
+        if isinstance(value, bool):  # only a changed switch is written (--no-cache, --trust-remote-code)
+            lines.append(f.metadata["flag"])
+        elif value is not None and value != "":
+            lines.append(f"{f.metadata['flag']} {','.join(value) if isinstance(value, list) else value}")
+    return " \\\n  ".join(lines)
+
+
+# ------------------------------------------------------------------------------------ files
+def load_spec(path: str | Path) -> ExperimentSpec:
+    """The spec held by a results JSON (``run --out``), a ``ghosted_recipe.json``, the app's recipe, or a
+    saved model folder (its recipe)."""
+    from ghosted.export import RECIPE_FILE
+
+    file = Path(path)
+    if file.is_dir():
+        file = file / RECIPE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"No recipe at {file}: give a results JSON (run --out), a {RECIPE_FILE} or the "
+                                "folder of a saved model.")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{file} is not valid JSON ({err}).") from None
+    spec = data.get("spec") if isinstance(data, dict) else None
+    if spec is None:
+        raise ValueError(f"{file} holds no experiment spec: it was written by an older Ghosted, before results "
+                         "and recipes recorded the spec. Rerun it with flags (its \"config\" or \"settings\" say "
+                         "which); loading a model saved with it still works.")
+    return ExperimentSpec.from_dict(spec)
