@@ -12,8 +12,8 @@ table all read it. Adding a method is one entry here and one fit function:
   * ``scope="run"``: ``fit(ctx, name) -> MethodResult`` for methods that need the model or the windows
     themselves (``ghosted.recover.FitContext`` holds everything gathered once).
 
-The fit is named "module:function" and imported on first use, so this module imports nothing heavy
-and no module it names imports back into a cycle.
+The table names each fit as "module:function", imported on first use, so this module imports nothing
+heavy and no module it names imports back into a cycle (an entry may also hold the function itself).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class Method:
     gaps: str  # gap granularity: "per --granularity" (auto, block or layer), "per block" (contiguous) or "-"
     statistics: str  # what the calibration pass collects for it
     heldout: str  # held-out calibration windows: "required", "used if given" or "no"
-    fit: str = ""  # "module:function" of its fit (see the module docstring); "" when nothing is fitted
+    fit: str | Callable = ""  # its fit function, or its "module:function" (see above); "" when nothing is fitted
     scope: str = "gap"  # "gap": one fit per gap from its statistics; "run": one fit of the whole cut
     uses_sinks: bool = False  # needs the sink tokens' statistics apart (SinkDetector during calibration)
     sequential: bool = False  # honours --ghost-mode sequential; False: fitted independently, said in its notes
@@ -85,7 +85,8 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
     Method("ghost-auto", "per gap, ghost, ghost-robust or no operator, whichever predicts held-out windows better",
            "per gap, `ghost`, `ghost-robust` or no operator (plain pruning at that gap), whichever gives the lower "
            "next-token NLL on held-out calibration windows, so never worse than no recovery on those windows; "
-           "reports what it chose, the three NLLs and why. Never worse than `ghost` beyond noise on the "
+           "reports what it chose, the three NLLs and why (with `--ghost-mode sequential`, gap by gap on the stream "
+           "patched upstream with the choices made so far). Never worse than `ghost` beyond noise on the "
            "reproduction grid, and up to 7.6 x better (see below)",
            GHOSTED, STREAM, "per --granularity", GRAM_SINK, "required",
            fit="ghosted.recover:fit_auto", scope="run", uses_sinks=True, sequential=True, conditioning=True),
@@ -148,10 +149,10 @@ RESULT_KINDS = {STREAM: "stream", BRANCH: "branch", WEIGHTS: "folded", TRAINED: 
 
 
 def fit_function(method: Method) -> Callable:
-    """The fit function ``method.fit`` names ("module:function"), imported on first use."""
+    """The fit function of ``method``: ``method.fit`` itself, or the one it names, imported on first use."""
     if not method.fit:
         raise ValueError(f"{method.name!r} is not fitted (it is the unpruned model); choose from {', '.join(FITTED)}.")
-    return _resolve(method.fit)
+    return method.fit if callable(method.fit) else _resolve(method.fit)
 
 
 @cache
