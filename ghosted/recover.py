@@ -41,11 +41,8 @@ from ghosted.stats_cache import collect_cached, model_identity, resolve_cache
 from ghosted.streamline import StreamlineConfig
 
 # The names, kinds and fits come from the registry (ghosted.methods); recover() dispatches from its entries.
-STREAM_METHODS = registry.names_of(registry.STREAM)
 BRANCH_METHODS = registry.names_of(registry.BRANCH)
-FRONTIER_METHODS = registry.names_of(registry.WEIGHTS, registry.TRAINED)  # see ghosted.frontier
 METHODS = registry.FITTED  # "none" and every method recover() fits
-SINK_METHODS = registry.names_where(uses_sinks=True)  # need the sink tokens' statistics apart
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
 

@@ -29,9 +29,10 @@ def test_recover_methods_are_the_registry_and_keep_their_kinds():
     assert recover.METHODS[0] == "none"
     # the dispatch in recover() branches on these groups: the registry's kinds must give the same ones
     assert set(recover.BRANCH_METHODS) == {"replaceme-ls", "replaceme-ls-robust", "replaceme-cos"}
-    assert set(recover.FRONTIER_METHODS) == {"prunecomp", "streamline-ffn", "streamline-layer"}
-    assert {"ghost", "ghost-robust", "ghost-auto", "ghost-lowrank"} <= set(recover.STREAM_METHODS)
-    assert not set(recover.STREAM_METHODS) & set(recover.BRANCH_METHODS)
+    frontier = {"prunecomp", "streamline-ffn", "streamline-layer"}
+    assert set(methods.names_of(methods.WEIGHTS, methods.TRAINED)) == frontier
+    assert {"ghost", "ghost-robust", "ghost-auto", "ghost-lowrank"} <= set(methods.names_of(methods.STREAM))
+    assert not set(methods.names_of(methods.STREAM)) & set(recover.BRANCH_METHODS)
 
 
 def test_every_entry_is_complete():
@@ -101,7 +102,8 @@ def test_every_fitted_entry_names_a_fit_that_resolves():
     with pytest.raises(ValueError, match="not fitted"):
         methods.fit_function(methods.REGISTRY["dense"])
     # the groups recover() once spelled out by hand, now read from the entries
-    assert set(recover.SINK_METHODS) == {"ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust"}
+    assert set(methods.names_where(uses_sinks=True)) == {"ghost-robust", "ghost-auto", "replaceme-ls-robust",
+                                                         "ghost-lowrank-robust"}
     assert set(methods.names_where(sequential=True)) == {"none", "ghost", "ghost-robust", "ghost-auto"}
 
 
