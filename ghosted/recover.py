@@ -6,7 +6,8 @@ Methods (all training-free, all behind one interface):
     (XᵀX + εI)M = XᵀΔ in float64.
   * ``ghost-robust``: W fitted on non-sink tokens, sink tokens mapped apart (see ``sinks.py``).
   * ``ghost-auto``: per gap, ``ghost``, ``ghost-robust`` or no operator, whichever has the lower
-    next-token NLL on held-out calibration windows (so never worse there than plain pruning).
+    next-token NLL on held-out calibration windows (so never worse there than plain pruning); in
+    sequential mode gap by gap, each fitted on the stream patched upstream with the choices so far.
   * ``replaceme-ls`` / ``replaceme-cos``: a map T on the MLP output of the last kept layer, folded
     into its output projection (least squares, or ReplaceMe's cosine objective with Adam);
     ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
@@ -14,6 +15,8 @@ Methods (all training-free, all behind one interface):
     Hadamard basis.
   * ``ghost-lowrank`` (``-robust``), ``prunecomp``, ``streamline-ffn`` / ``streamline-layer``: the best rank-R ghost,
     Prune&Comp's fused magnitude scale and LLM-Streamline's trained replacements (``ghosted.frontier``).
+Each method is an entry of ``ghosted.methods.REGISTRY`` that names its fit function; ``recover`` gathers
+the statistics every chosen entry needs in one pass and dispatches from the entries (``FitContext``).
 The input model is never modified; each method gets its own model object sharing the kept weights.
 """
 
