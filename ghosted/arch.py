@@ -106,11 +106,6 @@ def hidden_size(model: nn.Module) -> int:
     return int(config.hidden_size)
 
 
-def final_norm_of(model: nn.Module) -> nn.Module | None:
-    spec = spec_for(model)
-    return getattr(get_path(model, spec.stack), spec.final_norm, None)
-
-
 def embedding_of(model: nn.Module) -> nn.Module:
     spec = spec_for(model)
     return getattr(get_path(model, spec.stack), spec.embed)
@@ -118,11 +113,6 @@ def embedding_of(model: nn.Module) -> nn.Module:
 
 def head_of(model: nn.Module) -> nn.Module:
     return getattr(model, spec_for(model).head)
-
-
-def mlp_branch_of(model: nn.Module, layer: int) -> nn.Module:
-    """The module of ``layer`` whose output is the MLP contribution added to the residual stream."""
-    return get_path(layers_of(model)[layer], spec_for(model).mlp_branch)
 
 
 def hidden_of(output) -> torch.Tensor:

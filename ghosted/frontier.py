@@ -1,5 +1,6 @@
 """The recovery frontier's methods behind ``recover``'s interface: low-rank ghost, Prune&Comp and
-LLM-Streamline's trained replacements. Each returns a ``MethodResult`` like the other methods.
+LLM-Streamline's trained replacements, with the signatures of ``ghosted.methods`` (the low-rank fits per
+gap, the others ``fit(ctx, name) -> MethodResult`` on the whole cut).
 
   * ``ghost-lowrank``: ``lowrank.py``; one operator per gap like ``ghost``, stored as two factors;
     ``ghost-lowrank-robust`` fits them on the non-sink tokens (ridge chosen on held-out tokens for
@@ -18,20 +19,19 @@ import time
 import torch
 
 from ghosted.assemble import GapFit
-from ghosted.core.progress import Progress
 from ghosted.lowrank import default_rank, lowrank_factors
 from ghosted.stats import BoundaryStats
 
 
-def fit_lowrank(stats: BoundaryStats, cfg) -> GapFit:
+def fit_lowrank(stats: BoundaryStats, heldout: BoundaryStats | None, cfg) -> tuple[GapFit, dict]:
     """One gap's low-rank ghost fit: factors for the operator, the dense W for diagnostics."""
     rank = cfg.rank or default_rank(stats.dim)
     left, right = lowrank_factors(stats, min(rank, stats.dim), eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond)
     eye = torch.eye(stats.dim, dtype=left.dtype, device=left.device)
-    return GapFit(stream=eye + left @ right, factors=(left, right))
+    return GapFit(stream=eye + left @ right, factors=(left, right)), {}
 
 
-def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg) -> GapFit:
+def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg) -> tuple[GapFit, dict]:
     """The low-rank fit on the non-sink tokens, with ``ghost-robust``'s held-out ridge and sink map."""
     from ghosted.robust import fit_robust
 
@@ -41,58 +41,67 @@ def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg)
     rank = min(cfg.rank or default_rank(stats.dim), stats.dim)
     left, right = lowrank_factors(clean, rank, eps=robust.eps, solver=cfg.solver, rcond=cfg.rcond)
     eye = torch.eye(stats.dim, dtype=left.dtype, device=left.device)
-    return GapFit(stream=eye + left @ right, factors=(left, right), sink_map=robust.sink_map)
+    return GapFit(stream=eye + left @ right, factors=(left, right), sink_map=robust.sink_map), {}
 
 
-def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, heldout_windows, cfg,
-                 progress: Progress | None, calib_seconds: float):
-    """``prunecomp``, ``streamline-ffn`` or ``streamline-layer`` as a ``MethodResult``."""
-    from ghosted.calibration import gaps_of
+def fit_prunecomp(ctx, name: str):
+    """``prunecomp``: one magnitude scale per block gap, fused into the weights (a plain checkpoint)."""
+    from ghosted.prunecomp import prunecomp
     from ghosted.recover import MethodResult
 
-    gaps = gaps_of(dropped, "block")
-    pick = lambda d: None if d is None else {g: d[g] for g in gaps if g in d}  # noqa: E731
+    gaps = ctx.block_gaps
     started = time.perf_counter()
-    if method == "prunecomp":
-        from ghosted.prunecomp import prunecomp
-
-        built, scales, measured = prunecomp(model, dropped, calib_windows, cfg.calibration, first_stats=stats,
-                                            progress=progress)
-        eye = {g: torch.eye(s.dim, dtype=torch.float64, device=s.xtx.device) for g, s in measured.items()}
-        fits = {g: GapFit(stream=scales[g] * eye[g]) for g in gaps}
-        choices = [{"method": "prunecomp", "boundary": f"{g.start}-{g.end}", "scale": scales[g],
-                    "reason": "channel mean of mean|stream entering end| / mean|stream entering start| per "
-                              "window, fused into the embeddings and every output projection before the cut"}
-                   for g in gaps]
-        return MethodResult(method, built, "folded", {g: f.stream for g, f in fits.items()}, pick(stats),
-                            pick(heldout), time.perf_counter() - started, calib_seconds, fits=fits,
-                            choices=choices, notes=["scales fused into the weights: a plain checkpoint"])
-    return _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, progress, calib_seconds)
+    built, scales, measured = prunecomp(ctx.model, ctx.dropped, ctx.calib_windows, ctx.cfg.calibration,
+                                        first_stats=ctx.stats, progress=ctx.progress)
+    eye = {g: torch.eye(s.dim, dtype=torch.float64, device=s.xtx.device) for g, s in measured.items()}
+    fits = {g: GapFit(stream=scales[g] * eye[g]) for g in gaps}
+    choices = [{"method": name, "boundary": f"{g.start}-{g.end}", "scale": scales[g],
+                "reason": "channel mean of mean|stream entering end| / mean|stream entering start| per "
+                          "window, fused into the embeddings and every output projection before the cut"}
+               for g in gaps]
+    return MethodResult(name, built, "folded", {g: f.stream for g, f in fits.items()}, ctx.pick(ctx.stats, gaps),
+                        ctx.pick(ctx.heldout, gaps), time.perf_counter() - started, ctx.calib_seconds, fits=fits,
+                        choices=choices, notes=["scales fused into the weights: a plain checkpoint"])
 
 
-def _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, progress, calib_seconds):
+def fit_streamline_ffn(ctx, name: str):
+    """``streamline-ffn``: a fresh pre-norm FFN block trained per block gap, attached as a module."""
     from ghosted.assemble import assemble
-    from ghosted.recover import MethodResult
-    from ghosted.streamline import capture_pairs, train_ffn, train_layer, with_layers
+    from ghosted.streamline import train_ffn
 
-    train_cfg = cfg.streamline
+    def train(gap, pairs, held, cfg, progress):
+        return train_ffn(ctx.model, gap, pairs, held, cfg, name, progress)
+
+    def build(trained):
+        return assemble(ctx.model, ctx.dropped, {g: GapFit(module=m) for g, m in trained.items()}, name)
+    return _streamline(ctx, name, train, build)
+
+
+def fit_streamline_layer(ctx, name: str):
+    """``streamline-layer``: a copy of each block's first removed layer, trained, put back in its place."""
+    from ghosted.streamline import train_layer, with_layers
+
+    def train(gap, pairs, held, cfg, progress):
+        return train_layer(ctx.model, gap, pairs, held, cfg, progress)
+    return _streamline(ctx, name, train, lambda trained: with_layers(ctx.model, ctx.dropped, trained))
+
+
+def _streamline(ctx, name: str, train, build):
+    """Capture the stream pairs of every block gap, ``train`` a replacement on each, ``build`` the model."""
+    from ghosted.recover import MethodResult
+    from ghosted.streamline import capture_pairs
+
+    train_cfg = ctx.cfg.streamline
     started = time.perf_counter()
     trained, reports = {}, []
-    batch = cfg.calibration.batch_size
-    for gap in gaps:
-        pairs = capture_pairs(model, calib_windows, gap, train_cfg.max_tokens, train_cfg.seed, batch)
-        held = None if heldout_windows is None else capture_pairs(model, heldout_windows, gap, train_cfg.max_tokens,
-                                                                  train_cfg.seed, batch)
-        if method == "streamline-ffn":
-            trained[gap], report = train_ffn(model, gap, pairs, held, train_cfg, method, progress)
-        else:
-            trained[gap], report = train_layer(model, gap, pairs, held, train_cfg, progress)
+    batch = ctx.cfg.calibration.batch_size
+    for gap in ctx.block_gaps:
+        pairs = capture_pairs(ctx.model, ctx.calib_windows, gap, train_cfg.max_tokens, train_cfg.seed, batch)
+        held = None if ctx.heldout_windows is None else capture_pairs(
+            ctx.model, ctx.heldout_windows, gap, train_cfg.max_tokens, train_cfg.seed, batch)
+        trained[gap], report = train(gap, pairs, held, train_cfg, ctx.progress)
         reports.append(report)
         del pairs, held
-    if method == "streamline-ffn":
-        built = assemble(model, dropped, {g: GapFit(module=m) for g, m in trained.items()}, method)
-    else:
-        built = with_layers(model, dropped, trained)
-    return MethodResult(method, built, "trained", {}, {}, None, time.perf_counter() - started, calib_seconds,
-                        choices=[r.row(method) for r in reports],
+    return MethodResult(name, build(trained), "trained", {}, {}, None, time.perf_counter() - started,
+                        ctx.calib_seconds, choices=[r.row(name) for r in reports],
                         notes=[f"trained {train_cfg.epochs} epochs on at most {train_cfg.max_tokens} tokens per gap"])

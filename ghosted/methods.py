@@ -1,13 +1,27 @@
 """The method registry: every recovery method Ghosted knows, what it is and where it comes from.
 
-One entry per name. ``ghosted.recover.METHODS``, the CLI's ``--methods`` help, the app's method help,
-``python -m ghosted methods`` and the README's method table all read this table, so a new method is
-described once, here (its fit still goes in ``ghosted.recover`` / ``ghosted.frontier``).
+One entry per name. ``ghosted.recover.recover`` dispatches from it (each entry names its fit function
+and says which statistics and held-out windows it needs), and ``ghosted.recover.METHODS``, the CLI's
+``--methods`` help, the app's method help, ``python -m ghosted methods`` and the README's method
+table all read it. Adding a method is one entry here and one fit function:
+
+  * ``scope="gap"``: ``fit(stats, heldout, cfg) -> (GapFit, details)`` for one gap, from its calibration
+    statistics (and held-out ones, or None); ``details`` (a dict, maybe empty) becomes a row of the
+    run's ``choices()``. ``recover`` fits every gap, assembles the model and, in sequential mode when
+    the entry says ``sequential=True``, fits each gap on the stream of the model patched upstream.
+  * ``scope="run"``: ``fit(ctx, name) -> MethodResult`` for methods that need the model or the windows
+    themselves (``ghosted.recover.FitContext`` holds everything gathered once).
+
+The table names each fit as "module:function", imported on first use, so this module imports nothing
+heavy and no module it names imports back into a cycle (an entry may also hold the function itself).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 # Kinds of result a method produces.
 STREAM = "stream operator"  # W applied to the residual stream at the gap (a module in the checkpoint)
@@ -37,6 +51,12 @@ class Method:
     gaps: str  # gap granularity: "per --granularity" (auto, block or layer), "per block" (contiguous) or "-"
     statistics: str  # what the calibration pass collects for it
     heldout: str  # held-out calibration windows: "required", "used if given" or "no"
+    fit: str | Callable = ""  # its fit function, or its "module:function" (see above); "" when nothing is fitted
+    scope: str = "gap"  # "gap": one fit per gap from its statistics; "run": one fit of the whole cut
+    uses_sinks: bool = False  # needs the sink tokens' statistics apart (SinkDetector during calibration)
+    sequential: bool = False  # honours --ghost-mode sequential; False: fitted independently, said in its notes
+    reservoir: bool = False  # needs a reservoir of captured MLP outputs (not only second moments)
+    conditioning: bool = False  # its ghost solve warns when ill-conditioned (too few tokens for d)
 
 
 GHOSTED = Paper("Ghosted Layers", "2605.15491")
@@ -50,65 +70,100 @@ GRAM_SINK = "XᵀX, XᵀΔ, ΔᵀΔ with the sink tokens apart"
 
 REGISTRY: dict[str, Method] = {m.name: m for m in [
     Method("dense", "the unpruned model", "the unpruned model", None, NONE, "-", "none", "no"),
-    Method("none", "the pruned model, no recovery", "the pruned model, no recovery", None, NONE, "-", "none", "no"),
+    Method("none", "the pruned model, no recovery", "the pruned model, no recovery", None, NONE, "-", "none", "no",
+           fit="ghosted.recover:fit_none", scope="run", sequential=True),
     Method("ghost", "the paper's map W = I + M, least squares on every token",
            "the paper's method exactly: W = I + M, (XᵀX + εI)M = XᵀΔ, ε = 1e-6, float64, applied after the last "
            "kept layer (`--solver pinv` for the exact minimum-norm solution)",
-           GHOSTED, STREAM, "per --granularity", GRAM, "no"),
+           GHOSTED, STREAM, "per --granularity", GRAM, "no",
+           fit="ghosted.recover:fit_ghost", sequential=True, conditioning=True),
     Method("ghost-robust", "W on the non-sink tokens, the sink tokens mapped apart",
            "W fitted on non-sink tokens, ridge chosen on held-out calibration tokens; sink tokens (the first token "
            "of each sequence) get their own map (constant by default, affine optional)",
-           GHOSTED, STREAM, "per --granularity", GRAM_SINK, "used if given"),
+           GHOSTED, STREAM, "per --granularity", GRAM_SINK, "used if given",
+           fit="ghosted.recover:fit_ghost_robust", uses_sinks=True, sequential=True, conditioning=True),
     Method("ghost-auto", "per gap, ghost, ghost-robust or no operator, whichever predicts held-out windows better",
            "per gap, `ghost`, `ghost-robust` or no operator (plain pruning at that gap), whichever gives the lower "
            "next-token NLL on held-out calibration windows, so never worse than no recovery on those windows; "
-           "reports what it chose, the three NLLs and why. Never worse than `ghost` beyond noise on the "
+           "reports what it chose, the three NLLs and why (with `--ghost-mode sequential`, gap by gap on the stream "
+           "patched upstream with the choices made so far). Never worse than `ghost` beyond noise on the "
            "reproduction grid, and up to 7.6 x better (see below)",
-           GHOSTED, STREAM, "per --granularity", GRAM_SINK, "required"),
+           GHOSTED, STREAM, "per --granularity", GRAM_SINK, "required",
+           fit="ghosted.recover:fit_auto", scope="run", uses_sinks=True, sequential=True, conditioning=True),
     Method("linearpatch-diag", "LinearPatch: per-channel scaling",
            "LinearPatch's per-channel ratio of mean absolute activations",
-           LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel", "no"),
+           LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel", "no",
+           fit="ghosted.recover:fit_linearpatch_diag"),
     Method("linearpatch-rotate", "LinearPatch: per-channel scaling in a Hadamard basis",
            "LinearPatch's per-channel ratio of mean absolute activations in a Hadamard basis (also for widths "
            "such as 576 = 36·16)",
-           LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel, rotated", "no"),
+           LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel, rotated", "no",
+           fit="ghosted.recover:fit_linearpatch_rotate"),
     Method("ghost-lowrank", "the best rank-R correction M = U·V under the paper's objective (R = d/4)",
            "the best rank-R correction M = U·V under the paper's objective (reduced-rank regression, closed form "
            "from the same statistics), stored as two factors: 2·d·R parameters instead of d² (`--rank R`, "
            "default d/4; R = d is `ghost`)",
-           GHOSTED, STREAM, "per --granularity", GRAM, "no"),
+           GHOSTED, STREAM, "per --granularity", GRAM, "no",
+           fit="ghosted.frontier:fit_lowrank"),
     Method("ghost-lowrank-robust", "ghost-lowrank on the non-sink tokens, the sink tokens mapped apart",
            "`ghost-lowrank` fitted on the non-sink tokens, the sinks mapped apart, like `ghost-robust`",
-           GHOSTED, STREAM, "per --granularity", GRAM_SINK, "used if given"),
+           GHOSTED, STREAM, "per --granularity", GRAM_SINK, "used if given",
+           fit="ghosted.frontier:fit_lowrank_robust", uses_sinks=True),
     Method("replaceme-ls", "ReplaceMe: a map on the MLP output of the layer before the gap, folded into its weights",
            "ReplaceMe: least-squares map on the MLP output of layer s−1, folded into its `down_proj` (a plain "
            "checkpoint)",
-           REPLACEME, BRANCH, "per block", "MLP-branch moments", "no"),
+           REPLACEME, BRANCH, "per block", "MLP-branch moments", "no",
+           fit="ghosted.recover:fit_replaceme_ls"),
     Method("replaceme-ls-robust", "replaceme-ls with the sink tokens mapped apart",
            "the same with the sink split, for a fair comparison",
-           REPLACEME, BRANCH, "per block", "MLP-branch moments, sink tokens apart", "no"),
+           REPLACEME, BRANCH, "per block", "MLP-branch moments, sink tokens apart", "no",
+           fit="ghosted.recover:fit_replaceme_ls_robust", uses_sinks=True),
     Method("replaceme-cos", "ReplaceMe's cosine objective (needs millions of tokens; near no recovery on few)",
            "ReplaceMe's cosine objective, Adam from the identity, on a bounded token reservoir",
-           REPLACEME, BRANCH, "per block", "a reservoir of MLP outputs and targets", "no"),
+           REPLACEME, BRANCH, "per block", "a reservoir of MLP outputs and targets", "no",
+           fit="ghosted.recover:fit_replaceme_cos", reservoir=True),
     Method("prunecomp", "Prune&Comp: a magnitude scale fused into the weights before the cut (a plain checkpoint)",
            "Prune&Comp: one magnitude scale per contiguous block, measured on the model already compensated "
            "upstream (channel mean of mean\\|stream entering e\\| / mean\\|stream entering s\\| per window) fused "
            "into the embeddings and every output projection before the cut: a plain checkpoint, no operator. "
            "`--select prunecomp:<criterion>` runs its iterative prune-and-compensate loop on top of any criterion",
-           PRUNECOMP, WEIGHTS, "per block", "mean |stream| per channel, one pass per block", "no"),
+           PRUNECOMP, WEIGHTS, "per block", "mean |stream| per channel, one pass per block", "no",
+           fit="ghosted.frontier:fit_prunecomp", scope="run"),
     Method("streamline-ffn", "LLM-Streamline: a small FFN block trained with MSE to replace each removed block",
            "LLM-Streamline's *trained* replacement: a pre-norm SwiGLU block (fresh, output zero-initialised) "
            "trained with MSE from the stream entering the block to the stream leaving it, one per contiguous "
            "block (AdamW, warm-up + cosine, seeded, on at most 32k captured calibration tokens), saved as a module "
            "with its weights",
-           STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given"),
+           STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given",
+           fit="ghosted.frontier:fit_streamline_ffn", scope="run"),
     Method("streamline-layer", "LLM-Streamline: a copy of the first removed layer trained with MSE",
            "LLM-Streamline's *trained* replacement: a copy of the first removed layer, trained like "
            "`streamline-ffn`, saved as a plain checkpoint with one more layer",
-           STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given"),
+           STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given",
+           fit="ghosted.frontier:fit_streamline_layer", scope="run"),
 ]}
 DEFAULT = "ghost-auto"  # the default recovery of run, export, ghosted.fit and the app
-FITTED = tuple(name for name in REGISTRY if name != "dense")  # what recover() fits: ghosted.recover.METHODS
+FITTED = tuple(name for name, m in REGISTRY.items() if m.fit)  # what recover() fits: ghosted.recover.METHODS
+# MethodResult.kind of each kind of method
+RESULT_KINDS = {STREAM: "stream", BRANCH: "branch", WEIGHTS: "folded", TRAINED: "trained", NONE: "none"}
+
+
+def fit_function(method: Method) -> Callable:
+    """The fit function of ``method``: ``method.fit`` itself, or the one it names, imported on first use."""
+    if not method.fit:
+        raise ValueError(f"{method.name!r} is not fitted (it is the unpruned model); choose from {', '.join(FITTED)}.")
+    return method.fit if callable(method.fit) else _resolve(method.fit)
+
+
+@cache
+def _resolve(dotted: str) -> Callable:
+    module, _, function = dotted.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def names_where(**flags) -> tuple[str, ...]:
+    """The names of the fitted methods whose fields equal ``flags`` (``names_where(uses_sinks=True)``)."""
+    return tuple(name for name in FITTED if all(getattr(REGISTRY[name], k) == v for k, v in flags.items()))
 
 
 def names_of(*kinds: str) -> tuple[str, ...]:

@@ -27,6 +27,7 @@ compensate, re-score the compensated model.
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 
 import torch
 from torch import nn
@@ -105,9 +106,19 @@ def compensate(model: nn.Module, drop: list[int], scale: float) -> nn.Module:
     return new
 
 
+@cache
+def _one_plus_weight_norms() -> tuple[type, ...]:
+    """The RMSNorm classes of the supported families that multiply by (1 + weight): Gemma's."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2RMSNorm
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+
+    return GemmaRMSNorm, Gemma2RMSNorm, Gemma3RMSNorm
+
+
 def _scale_module(module: nn.Module, scale: float) -> None:
     """Multiply a private module's output by ``scale`` through new weight (and bias) tensors."""
-    gemma_norm = "Gemma" in type(module).__name__ and "Norm" in type(module).__name__
+    gemma_norm = isinstance(module, _one_plus_weight_norms())  # weight w scales by 1 + w: s(1 + w) - 1
     for name in ("weight", "bias"):
         old = getattr(module, name, None)
         if not isinstance(old, torch.Tensor):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ghosted.arch import (UnsupportedArchitecture, embedding_of, final_norm_of, head_of, hidden_of,
-                          layers_of, mlp_branch_of, num_layers, spec_for)
+from ghosted.arch import (UnsupportedArchitecture, embedding_of, get_path, head_of, hidden_of, layers_of,
+                          num_layers, spec_for)
 from ghosted.pruning import build_variant, format_layers, parse_layers, prune
 from tests.tiny import FAMILIES, random_ids, tiny_model
 
@@ -23,8 +23,9 @@ def test_adapter_finds_every_part(family):
     assert num_layers(model) == 6
     assert embedding_of(model).weight.shape[0] == 96
     assert head_of(model).weight.shape[0] == 96
-    assert final_norm_of(model) is not None
-    assert mlp_branch_of(model, 0) is not None
+    spec = spec_for(model)  # every path of the spec resolves on this family
+    assert isinstance(get_path(get_path(model, spec.stack), spec.final_norm), torch.nn.Module)
+    assert isinstance(get_path(layers_of(model)[0], spec.mlp_branch), torch.nn.Module)
     assert hidden_of((torch.ones(1), None)).shape == (1,)
 
 

@@ -24,6 +24,7 @@ def test_bundled_model_facts(bundled):
     assert bundled.kind == "bundled" and bundled.device == "cpu" and bundled.dtype == "float32"
 
 
+@pytest.mark.slow  # forward passes of the bundled model
 def test_perplexity_matches_direct_labels_computation(bundled, eval_windows):
     res = perplexity(bundled.model, eval_windows, batch_size=2)
     total, count = 0.0, 0
@@ -51,6 +52,7 @@ def test_pruning_keeps_the_shared_model_intact(bundled, eval_windows):
         torch.testing.assert_close(bundled.model(ids).logits, before, rtol=0, atol=0)
 
 
+@pytest.mark.slow  # forward passes of the bundled model
 def test_greedy_generation_is_deterministic_and_uses_chat_template(bundled):
     prompts = ["Albert Einstein was a German-born physicist who", "The capital of France is"]
     a = generate(bundled.model, bundled.tokenizer, prompts, max_new_tokens=12)
@@ -61,6 +63,7 @@ def test_greedy_generation_is_deterministic_and_uses_chat_template(bundled):
     assert "Paris" in chat[0]
 
 
+@pytest.mark.slow  # forward passes of the bundled model
 def test_generation_leaves_the_shared_tokenizer_and_config_alone(bundled):
     from ghosted.generation import GenerationConfig
 
@@ -73,6 +76,7 @@ def test_generation_leaves_the_shared_tokenizer_and_config_alone(bundled):
     assert batched[0] == generate(bundled.model, bundled.tokenizer, prompts[0], max_new_tokens=6)[0]
 
 
+@pytest.mark.slow  # forward passes of the bundled model
 def test_recovered_bundled_model_generates_with_kv_cache(bundled):
     calib = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=4, seq_len=64)
     held = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=2, seq_len=64, seed=1)
@@ -85,6 +89,7 @@ def test_recovered_bundled_model_generates_with_kv_cache(bundled):
         assert with_cache == without
 
 
+@pytest.mark.slow  # forward passes of the bundled model
 def test_sink_is_found_at_position_zero(bundled):
     calib = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=4, seq_len=64)
     held = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=2, seq_len=64, seed=1)

@@ -31,6 +31,7 @@ def test_bad_layer_spec_is_a_clear_error(capsys, bundled):
     assert "do not exist" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a whole run of the bundled model in a new process
 def test_run_writes_json_with_every_method(tmp_path):
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "ghosted", "run", "--drop", "20-26", "--methods", "dense,none,ghost,replaceme-ls",

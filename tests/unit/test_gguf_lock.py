@@ -162,7 +162,7 @@ def bundled_bytes(n: int) -> bytes:
 
 @pytest.mark.parametrize("content", [
     pytest.param(lambda: bundled_bytes(200), id="cut-in-the-header"),  # was struct.error
-    pytest.param(lambda: bundled_bytes(4_000_000), id="cut-in-the-tensors"),
+    pytest.param(lambda: bundled_bytes(4_000_000), id="cut-in-the-tensors", marks=pytest.mark.slow),  # 4 MB read
     pytest.param(lambda: b"GGUF", id="magic-only"),
     pytest.param(lambda: b"<html>404 Not Found</html>", id="not-gguf"),
 ])

@@ -136,6 +136,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow  # the bundled model in a new process
 def test_ctrl_c_in_a_real_process_exits_130_without_a_traceback(tmp_path):
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-c", CTRL_C_SCRIPT, *RUN_ARGS, "--out", str(out)], cwd=ROOT,

@@ -29,9 +29,10 @@ def test_recover_methods_are_the_registry_and_keep_their_kinds():
     assert recover.METHODS[0] == "none"
     # the dispatch in recover() branches on these groups: the registry's kinds must give the same ones
     assert set(recover.BRANCH_METHODS) == {"replaceme-ls", "replaceme-ls-robust", "replaceme-cos"}
-    assert set(recover.FRONTIER_METHODS) == {"prunecomp", "streamline-ffn", "streamline-layer"}
-    assert {"ghost", "ghost-robust", "ghost-auto", "ghost-lowrank"} <= set(recover.STREAM_METHODS)
-    assert not set(recover.STREAM_METHODS) & set(recover.BRANCH_METHODS)
+    frontier = {"prunecomp", "streamline-ffn", "streamline-layer"}
+    assert set(methods.names_of(methods.WEIGHTS, methods.TRAINED)) == frontier
+    assert {"ghost", "ghost-robust", "ghost-auto", "ghost-lowrank"} <= set(methods.names_of(methods.STREAM))
+    assert not set(methods.names_of(methods.STREAM)) & set(recover.BRANCH_METHODS)
 
 
 def test_every_entry_is_complete():
@@ -91,3 +92,49 @@ def test_criteria_command_prints_every_criterion_and_alias(capsys):
         header = next(line for line in lines if line.startswith(name + " ") or line == name)
         assert alias in header, (alias, header)
     assert "recoverability_token" in out  # the criterion the Influence page once missed
+
+
+def test_every_fitted_entry_names_a_fit_that_resolves():
+    for name in recover.METHODS:
+        entry = methods.REGISTRY[name]
+        assert callable(methods.fit_function(entry)), name
+        assert entry.scope in ("gap", "run"), name
+    with pytest.raises(ValueError, match="not fitted"):
+        methods.fit_function(methods.REGISTRY["dense"])
+    # the groups recover() once spelled out by hand, now read from the entries
+    assert set(methods.names_where(uses_sinks=True)) == {"ghost-robust", "ghost-auto", "replaceme-ls-robust",
+                                                         "ghost-lowrank-robust"}
+    assert set(methods.names_where(sequential=True)) == {"none", "ghost", "ghost-robust", "ghost-auto"}
+
+
+def _fit_half_step(stats, heldout, cfg):
+    """A method for the test below: W = I + M/2, half the paper's correction."""
+    import torch
+
+    from ghosted.assemble import GapFit
+    from ghosted.solve import ghost_operator
+
+    w = ghost_operator(stats, eps=cfg.eps)
+    eye = torch.eye(w.shape[0], dtype=w.dtype)
+    return GapFit(stream=eye + (w - eye) / 2), {"step": 0.5}
+
+
+def test_a_new_method_is_one_entry_and_one_fit_function(monkeypatch):
+    import types
+
+    import torch
+
+    from tests.tiny import random_ids, tiny_model
+
+    entry = methods.Method("ghost-half", "half the paper's correction", "half the paper's correction", None,
+                           methods.STREAM, "per --granularity", methods.GRAM, "no", fit=_fit_half_step)
+    monkeypatch.setitem(methods.REGISTRY, entry.name, entry)
+    ids = random_ids(6, 24)
+    calib = types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), protocol={})
+    run = recover.recover(tiny_model("llama", layers=6), "2-3", ["ghost", "ghost-half"], calib)
+    (gap,) = run.results["ghost"].operators
+    eye = torch.eye(32, dtype=torch.float64)
+    half = run.results["ghost-half"]
+    torch.testing.assert_close(half.operators[gap] - eye, (run.results["ghost"].operators[gap] - eye) / 2)
+    assert half.kind == "stream" and half.choices == [{"method": "ghost-half", "boundary": "2-4", "step": 0.5}]
+    assert torch.isfinite(half.model(random_ids()).logits).all()

@@ -9,8 +9,9 @@ import torch
 
 from ghosted.arch import embedding_of, layers_of
 from ghosted.evaluation import perplexity
-from ghosted.recover import BRANCH_METHODS, METHODS, recover
+from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
 from ghosted.shared_eval import SuffixView, perplexities, shared_prefix_length
+from ghosted.streamline import StreamlineConfig
 from ghosted.text import TokenWindows
 from tests.tiny import FAMILIES, random_ids, tiny_model
 from tests.tolerance import FLOAT64_REL
@@ -25,7 +26,9 @@ def variants(model, drop: str, calib, heldout) -> dict:
     """dense plus every recovery method that applies to ``drop`` (ReplaceMe needs a layer before it)."""
     starts_at_zero = drop.split(",")[0].split("-")[0] == "0"
     methods = [m for m in METHODS if not (starts_at_zero and m in BRANCH_METHODS)]
-    run = recover(model, drop, methods, calib, heldout)
+    # one training epoch: the trained replacements only need to exist here, not to converge
+    quick = RecoveryConfig(streamline=StreamlineConfig(epochs=1))
+    run = recover(model, drop, methods, calib, heldout, quick)
     return {"dense": model, **{name: r.model for name, r in run.results.items()}}
 
 
