@@ -27,10 +27,10 @@ from bench._common import ensure_path, load_bundled, table, write_reproduction_s
 
 ensure_path()
 
-from ghosted.pipeline import split_calibration  # noqa: E402
-from ghosted.recover import recover  # noqa: E402
-from ghosted.shared_eval import perplexities  # noqa: E402
-from ghosted.text import TokenWindows, calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.data.windows import split_calibration  # noqa: E402
+from ghosted.recovery.fitting import recover  # noqa: E402
+from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
+from ghosted.data.windows import TokenWindows, calibration_windows, evaluation_windows  # noqa: E402
 
 METHODS = ["ghost", "ghost-auto"]
 
@@ -44,7 +44,7 @@ def first_windows(windows: TokenWindows, n: int) -> TokenWindows:
 
 def calibration_tokens(tokenizer, source: str) -> int:
     """Tokens in the calibration part of ``source`` (what bounds the largest size)."""
-    from ghosted.text import _part_ids
+    from ghosted.data.sources import _part_ids
 
     return _part_ids(tokenizer, source, "calibration")[0].numel()
 

@@ -23,10 +23,10 @@ from bench._common import ensure_path, load_bundled, median, ratio, round_robin,
 
 ensure_path()
 
-from ghosted.arch import head_of, layer_param_count, num_layers  # noqa: E402
-from ghosted.recover import recover  # noqa: E402
-from ghosted.shared_eval import perplexities, shared_prefix_length  # noqa: E402
-from ghosted.text import calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.models.architecture import head_of, layer_param_count, num_layers  # noqa: E402
+from ghosted.recovery.fitting import recover  # noqa: E402
+from ghosted.evaluation.shared_prefix import perplexities, shared_prefix_length  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 
 METHODS = ["none", "ghost", "replaceme-ls", "linearpatch-diag", "linearpatch-rotate"]
 

@@ -26,7 +26,7 @@ ensure_path()
 
 import torch  # noqa: E402
 
-from ghosted.solve import ghost_operator  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator  # noqa: E402
 
 
 def synthetic_stats(d: int, seed: int = 0) -> SimpleNamespace:

@@ -28,9 +28,9 @@ ensure_path()
 import torch  # noqa: E402
 
 from bench.reference_official import official_ghost_operator, stack_bytes  # noqa: E402
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.solve import ghost_operator  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 GAP = Gap(20, 27)
 OFFICIAL = "official approach"

@@ -31,11 +31,11 @@ ensure_path()
 import torch  # noqa: E402
 
 from bench.reference_official import official_ghost_operator  # noqa: E402
-from ghosted.arch import num_layers  # noqa: E402
-from ghosted.calibration import CalibrationConfig, collect_stats, gaps_of  # noqa: E402
-from ghosted.selection import select  # noqa: E402
-from ghosted.solve import ghost_operator  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.models.architecture import num_layers  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, collect_stats, gaps_of  # noqa: E402
+from ghosted.selection.rules import select  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 OFFICIAL = "official approach (one pass per layer)"
 OURS = "ghosted, one pass, batch 4"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ghosted.recover import METHODS
+from ghosted.recovery.fitting import METHODS
 
 PRUNED = "pruned"
 ZEROSHOT = "ghosted.zeroshot"  # session key: zero-shot scores of a run (the Compare page writes, Learn reads)
@@ -96,7 +96,7 @@ def frontier_scatter(table: pd.DataFrame) -> go.Figure:
 def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Accuracy per variant (rows) and task (columns), in %, plus "average" over tasks when there are several.
 
-    ``frame`` is a ``ghosted.zeroshot.TaskRun.frame``: model, task, metric, value, stderr (fractions).
+    ``frame`` is a ``ghosted.evaluation.zeroshot.TaskRun.frame``: model, task, metric, value, stderr (fractions).
     """
     acc = frame[frame.metric == "acc"]
     table = acc.pivot_table(index="model", columns="task", values="value", sort=False) * 100

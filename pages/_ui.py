@@ -3,7 +3,7 @@
 Cross-page facts live under explicit ``ghosted.*`` keys of ``st.session_state`` (widget keys do not
 survive a page switch). The model is cached once per process and shared by every browser session,
 so nothing here ever modifies it: pruned and recovered variants are new objects built by
-``ghosted.recover``.
+``ghosted.recovery.fitting``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from ghosted.arch import describe, layer_param_count, num_layers
-from ghosted.assets import BUNDLED_MODEL
-from ghosted.deploy import DeployConfig, from_env
-from ghosted.export import load_any
-from ghosted.loading import LoadedModel, ModelLoadError, source_kind
-from ghosted.pruning import format_layers
-from ghosted.text import SourceUnavailableError
+from ghosted.models.architecture import describe, layer_param_count, num_layers
+from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.experiments.deploy import DeployConfig, from_env
+from ghosted.operators.checkpoint import load_any
+from ghosted.models.loading import LoadedModel, ModelLoadError, source_kind
+from ghosted.models.pruning import format_layers
+from ghosted.data.sources import SourceUnavailableError
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge

@@ -3,11 +3,11 @@
 import pandas as pd
 import streamlit as st
 
-from ghosted.arch import num_layers
-from ghosted.layer_influence import CRITERIA, InfluenceConfig, InfluenceReport, influence
-from ghosted.pipeline import split_calibration
-from ghosted.selection import select
-from ghosted.text import calibration_windows
+from ghosted.models.architecture import num_layers
+from ghosted.selection.criteria import CRITERIA, InfluenceConfig, InfluenceReport, influence
+from ghosted.data.windows import split_calibration
+from ghosted.selection.rules import select
+from ghosted.data.windows import calibration_windows
 from pages import _charts, _text, _ui
 
 RECOVERABILITY = ("recoverability", "recoverability_heldout")  # Gram blocks: computed for chosen n only

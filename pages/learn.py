@@ -2,8 +2,8 @@
 
 import streamlit as st
 
-from ghosted.arch import hidden_size, num_layers
-from ghosted.pruning import format_layers
+from ghosted.models.architecture import hidden_size, num_layers
+from ghosted.models.pruning import format_layers
 from pages import _charts, _ui
 
 

@@ -19,7 +19,7 @@ made of everything that determines it:
 A later ``run``, ``export``, grid cell or app action with the same key loads the statistics instead
 of running the model; ``--no-cache`` turns this off. Entries are written atomically (a temporary file
 renamed into place, the JSON last), and an entry that cannot be read back is ignored with a warning
-and recomputed. The folder is ``$GHOSTED_STATS_CACHE``, else ``ghosted.assets.cache_dir() / "stats"``.
+and recomputed. The folder is ``$GHOSTED_STATS_CACHE``, else ``ghosted.models.assets.cache_dir() / "stats"``.
 Statistics grow with the width squared (about 1.3 GB per gap and pass at d = 4096), so the least
 recently used entries are deleted beyond ``$GHOSTED_STATS_CACHE_GB`` (default 20 GB).
 """
@@ -39,9 +39,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ghosted.assets import cache_dir, file_sha256
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats
-from ghosted.stats import BoundaryStats, TokenReservoir
+from ghosted.models.assets import cache_dir, file_sha256
+from ghosted.models.architecture import has_operators
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.calibration.stats import BoundaryStats, TokenReservoir
 
 FORMAT = 1  # bump when the stored layout changes: older entries then simply stop matching
 DEFAULT_LIMIT_GB = 20.0  # total size kept on disk unless $GHOSTED_STATS_CACHE_GB says otherwise
@@ -63,7 +64,7 @@ def model_identity(model: nn.Module) -> dict | None:
     (pruned views and recovered models carry ``ghosted_layers``): a folded ReplaceMe map changes
     a weight in place without a trace that could be checked without hashing the weights.
     """
-    if hasattr(model, "ghosted_layers") or _has_operators(model):
+    if hasattr(model, "ghosted_layers") or has_operators(model):
         return None
     config = getattr(model, "config", None)
     name = str(getattr(config, "_name_or_path", "") or "")
@@ -86,15 +87,6 @@ def folder_fingerprint(folder: Path) -> list[list]:
         stat = file.stat()
         rows.append([str(file.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
     return rows
-
-
-def _has_operators(model: nn.Module) -> bool:
-    from ghosted.patch import operators_of
-
-    try:
-        return bool(operators_of(model))
-    except (ValueError, KeyError, AttributeError, TypeError):  # not a family ghosted knows: no ops
-        return False
 
 
 def windows_hash(windows) -> str:

@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ghosted.arch import hidden_size, num_layers
-from ghosted.capture import tap
-from ghosted.guards import NonFiniteError, nonfinite_cause
-from ghosted.stats import BoundaryAccumulator, BoundaryStats
+from ghosted.models.architecture import hidden_size, num_layers
+from ghosted.models.capture import tap
+from ghosted.core.guards import NonFiniteError, nonfinite_cause
+from ghosted.calibration.stats import BoundaryAccumulator, BoundaryStats
 
 Progress = Callable[[int, int], None]  # (batches done, batches total)
 SinkDetector = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x (B,T,d), valid (B,T)) -> (B,T) bool

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ghosted.stats import BoundaryStats
+from ghosted.calibration.stats import BoundaryStats
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from ghosted.hadamard import has_hadamard, normalized_hadamard
+from ghosted.core.hadamard import has_hadamard, normalized_hadamard
 
 _RATIO_FLOOR = 1e-12  # guards mean|x| = 0 in the LinearPatch per-sequence ratio
 

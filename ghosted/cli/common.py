@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ghosted.assets import BUNDLED_MODEL
+from ghosted.models.assets import BUNDLED_MODEL
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -55,7 +55,7 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
 
 def facts_from_args(args):
     """The model's layer count and positions from its config alone (for ``--dry-run``)."""
-    from ghosted.validate import model_facts
+    from ghosted.experiments.validate import model_facts
 
     return model_facts(args.model, trust_remote_code=args.trust_remote_code)
 
@@ -73,8 +73,8 @@ def add_task_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
-    """--protocol: a named perplexity protocol (ghosted.protocols)."""
-    from ghosted.protocols import PROTOCOLS
+    """--protocol: a named perplexity protocol (ghosted.evaluation.protocols)."""
+    from ghosted.evaluation.protocols import PROTOCOLS
 
     p.add_argument("--protocol", default=None, choices=list(PROTOCOLS),
                    help="perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
@@ -83,7 +83,7 @@ def add_protocol_args(p: argparse.ArgumentParser) -> None:
 
 def task_options(args) -> dict:
     """The task and protocol flags as RunConfig / GridConfig fields."""
-    from ghosted.zeroshot import parse_tasks
+    from ghosted.evaluation.zeroshot import parse_tasks
 
     if args.task_limit is not None and args.task_limit < 1:
         raise ValueError(f"--task-limit must be at least 1 (got {args.task_limit}); leave it out for every example.")
@@ -94,7 +94,7 @@ def task_options(args) -> dict:
 
 
 def load_from_args(args):
-    from ghosted.export import load_any  # a saved recovered folder comes back with its operators
+    from ghosted.operators.checkpoint import load_any  # a saved recovered folder comes back with its operators
 
     return load_any(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code,
@@ -113,6 +113,6 @@ def check_output_folder(path: str, overwrite: bool = True, model: str | None = N
     """Refuse, before the model is loaded, an output folder that cannot be used: a file, an
     unwritable place, a non-empty folder unless ``overwrite``, and (with ``model``, the --model
     argument) the model's own folder or Ghosted's cache."""
-    from ghosted.export import check_target_folder, protected_folders
+    from ghosted.operators.checkpoint import check_target_folder, protected_folders
 
     return check_target_folder(path, overwrite, protected_folders(model) if model else [])

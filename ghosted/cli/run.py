@@ -8,11 +8,11 @@ import sys
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
     task_options, write_json)
-from ghosted.methods import methods_help
+from ghosted.recovery.methods import methods_help
 
 
 def add_parser(sub) -> None:
-    from ghosted.layer_influence import alias_text
+    from ghosted.selection.criteria import alias_text
 
     p = sub.add_parser("run", help="prune layers, recover them with each method, report perplexity",
                        description="Prune layers, fit each recovery method on calibration text, and "
@@ -54,8 +54,8 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.pipeline import RunConfig, format_table, run_experiment
-    from ghosted.validate import check_out_file, check_run, plan_run
+    from ghosted.experiments.run import RunConfig, format_table, run_experiment
+    from ghosted.experiments.validate import check_out_file, check_run, plan_run
 
     cfg = RunConfig(model=args.model, calib=args.calib, eval=args.eval, calib_seqs=args.calib_seqs,
                     seq_len=args.seq_len, heldout_seqs=args.heldout_seqs, eval_tokens=args.eval_tokens,
@@ -84,7 +84,7 @@ def report_stopped(args, err: BaseException) -> int:
 
     Any other error goes on to the command line's one-line message, after the partial report.
     """
-    from ghosted.pipeline import format_table
+    from ghosted.experiments.run import format_table
 
     partial = getattr(err, "partial_report", None)
     if partial is not None:

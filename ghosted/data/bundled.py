@@ -23,7 +23,7 @@ from mwparserfromhell.nodes import (
 )
 from mwparserfromhell.wikicode import Wikicode
 
-from ghosted.assets import cache_dir, file_sha256, package_dir
+from ghosted.models.assets import cache_dir, file_sha256, package_dir
 
 CLEANER_VERSION = 1  # bump when clean_wikitext changes; old cache files are then ignored
 GENSIM_INSTALL = "pip install --no-deps gensim==4.4.0"

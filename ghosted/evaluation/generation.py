@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from ghosted.capture import input_device
+from ghosted.models.capture import input_device
 
 
 @dataclass

@@ -21,8 +21,8 @@ sum of the target tokens' log-probabilities. Accuracy and mean log-likelihood ar
 their standard errors (sample standard deviation / sqrt(n), as lm-eval's ``mean_stderr``).
 
 ``score_lastword`` scores K variants of one model at the cost of one shared prefix plus K suffixes
-per batch (``ghosted.shared_eval``), exactly like the shared-prefix perplexity. The same task runs
-inside lm-evaluation-harness from ``ghosted/tasks/bundled_lastword.yaml``; a test checks both agree.
+per batch (``ghosted.evaluation.shared_prefix``), exactly like the shared-prefix perplexity. The same task runs
+inside lm-evaluation-harness from ``ghosted/evaluation/tasks/bundled_lastword.yaml``; a test checks both agree.
 
 Example:
     >>> res = score_lastword({"dense": lm.model, "ghost": ghost}, lm.tokenizer, limit=200)
@@ -65,7 +65,7 @@ def qualifies(paragraph: str) -> bool:
 @lru_cache(maxsize=2)
 def _all_examples(source: str = SOURCE) -> tuple[dict, ...]:
     """Every example of the task, in task order (shuffled with SEED, at most SIZE)."""
-    from ghosted.text import resolve_source
+    from ghosted.data.sources import resolve_source
 
     rows = []
     for article, document in enumerate(resolve_source(source).part("evaluation")):
@@ -184,11 +184,11 @@ def score_lastword(models: dict[str, nn.Module], tokenizer, limit: int | None = 
                    show_tqdm: bool = True) -> dict[str, LastWordScore]:
     """``bundled-lastword`` accuracy and log-likelihood of every model (see the module docstring).
 
-    Variants that hold the same leading layers (``ghosted.shared_eval.shared_prefix_length``) run
+    Variants that hold the same leading layers (``ghosted.evaluation.shared_prefix.shared_prefix_length``) run
     them once per batch; ``share=False`` runs every model whole. Models are not modified.
     """
-    from ghosted.capture import input_device, tap
-    from ghosted.shared_eval import SuffixView, shared_prefix_length
+    from ghosted.models.capture import input_device, tap
+    from ghosted.evaluation.shared_prefix import SuffixView, shared_prefix_length
 
     items = list(models.items())
     rows = examples(limit)

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from ghosted.capture import input_device
-from ghosted.guards import NonFiniteError, nonfinite_cause
+from ghosted.models.capture import input_device
+from ghosted.core.guards import NonFiniteError, nonfinite_cause
 
 Progress = Callable[[int, int], None]  # (done, total) -> None, called once per batch
 

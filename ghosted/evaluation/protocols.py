@@ -4,7 +4,7 @@ Why: a perplexity means something only next to its protocol, and comparing with 
 the paper's: WikiText-2 (test), PTB (validation) and C4 (validation), whole splits, 2048-token
 windows. Offline, the default is the bundled Wikipedia sample in 512-token windows.
 
-  * ``paper``: the three hub texts of the paper's tables (``ghosted.text.HUB_SHORTCUTS``), each
+  * ``paper``: the three hub texts of the paper's tables (``ghosted.data.sources.HUB_SHORTCUTS``), each
     scored whole in 2048-token windows; a text that cannot be loaded (offline) is skipped with one
     line, and when none can, the run stops with one message that says to use ``bundled``.
   * ``bundled``: ``bundled:wiki``'s evaluation part in 512-token windows (``eval_tokens`` of it).
@@ -22,7 +22,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ghosted.text import SourceUnavailableError, TokenWindows, evaluation_windows
+from ghosted.data.sources import SourceUnavailableError
+from ghosted.data.windows import TokenWindows, evaluation_windows
 
 Say = Callable[[str], None]  # one line to the user
 
@@ -94,7 +95,7 @@ def _to_stderr(line: str) -> None:
 def _windows(tokenizer, source: str, protocol: EvalProtocol, calibration_source: str | None) -> TokenWindows:
     if protocol.tokens is not None:
         return evaluation_windows(tokenizer, source, protocol.tokens, protocol.seq_len, calibration_source)
-    from ghosted.grid import capped_evaluation_windows  # the whole split, in whole windows
+    from ghosted.data.windows import capped_evaluation_windows  # the whole split, in whole windows
 
     return capped_evaluation_windows(tokenizer, source, 1 << 40, protocol.seq_len, calibration_source)
 

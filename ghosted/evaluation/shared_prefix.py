@@ -34,11 +34,11 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ghosted.arch import embedding_of, layers_of, num_layers
-from ghosted.capture import input_device, tap
-from ghosted.evaluation import (PerplexityResult, mean_nll, model_dtype_device, nll_from_logits, perplexity,
-                                require_scored_tokens)
-from ghosted.pruning import build_variant, original_indices
+from ghosted.models.architecture import embedding_of, layers_of, num_layers
+from ghosted.models.capture import input_device, tap
+from ghosted.evaluation.perplexity import (PerplexityResult, mean_nll, model_dtype_device, nll_from_logits, perplexity,
+                                           require_scored_tokens)
+from ghosted.models.pruning import build_variant, original_indices
 
 Progress = Callable[[int, int], None]  # (batches done, batches total)
 

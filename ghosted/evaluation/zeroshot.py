@@ -174,12 +174,12 @@ def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], li
                    show_tqdm: bool = True, say: Progress | None = None, ghosted_scorer: bool = True) -> TaskRun:
     """Score every model on ``tasks``; a task that cannot be run is skipped with one line, not an error.
 
-    ``bundled-lastword`` at zero shots is scored by ``ghosted.lastword`` (the shared prefix of the
+    ``bundled-lastword`` at zero shots is scored by ``ghosted.evaluation.lastword`` (the shared prefix of the
     variants runs once per batch); every other task, and the bundled one with few-shot examples,
     goes through lm-evaluation-harness one model at a time (``HFLM`` on the in-memory model);
     ``ghosted_scorer=False`` sends the bundled task through lm-evaluation-harness too.
     """
-    from ghosted.tasks import BUNDLED_TASKS
+    from ghosted.evaluation.tasks import BUNDLED_TASKS
 
     say = say or print
     own = [t for t in tasks if t in BUNDLED_TASKS and num_fewshot == 0 and ghosted_scorer]
@@ -201,14 +201,14 @@ def evaluate_tasks(models: dict[str, nn.Module], tokenizer, tasks: list[str], li
 
 
 def _lastword_protocol(limit: int | None) -> dict:
-    from ghosted.lastword import protocol
+    from ghosted.evaluation.lastword import protocol
 
     return protocol(limit)
 
 
 def _bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm) -> pd.DataFrame:
     """``bundled-lastword`` through Ghosted's shared-prefix scorer, as frame rows."""
-    from ghosted.lastword import TASK, score_lastword
+    from ghosted.evaluation.lastword import TASK, score_lastword
 
     step = (lambda done, total: progress(TASK, done, total)) if progress else None
     scores = score_lastword(models, tokenizer, limit=limit, batch_size=batch_size, progress=step,
@@ -222,7 +222,7 @@ def _bundled_rows(models, tokenizer, limit, batch_size, progress, show_tqdm) -> 
 def _harness_rows(models, tokenizer, tasks, limit, num_fewshot, batch_size, progress
                   ) -> tuple[pd.DataFrame, dict[str, dict], dict[str, str]]:
     """lm-eval tasks, one model at a time: (rows, protocols, {task: why skipped})."""
-    from ghosted.tasks import BUNDLED_TASKS, TASKS_DIR
+    from ghosted.evaluation.tasks import BUNDLED_TASKS, TASKS_DIR
 
     try:
         lm_eval, HFLM, TaskManager = _lm_eval()

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ghosted.assets import BUNDLED_MODEL
+from ghosted.models.assets import BUNDLED_MODEL
 
 
 class DeployRefusal(ValueError):
@@ -49,7 +49,7 @@ class DeployConfig:
     def check_model(self, source: str, kind: str, trust_remote_code: bool = False) -> None:
         """Refuse a model outside the allow-list, a local path, or remote code where not allowed.
 
-        ``kind`` is ``ghosted.loading.source_kind(source)``: bundled, folder, gguf or hub.
+        ``kind`` is ``ghosted.models.loading.source_kind(source)``: bundled, folder, gguf or hub.
         """
         if kind in ("folder", "gguf") and not self.allow_local_paths:
             raise DeployRefusal(f"The {self.name} deployment does not load models from the server's "
@@ -111,7 +111,7 @@ class DeployConfig:
             return
         costly = [m for m in metrics if criterion_cost(m) in COSTLY_COSTS]
         if costly:
-            from ghosted.layer_influence import CRITERIA, SINGLE_PASS
+            from ghosted.selection.criteria import CRITERIA, SINGLE_PASS
 
             named = ", ".join(f"{m} ({CRITERIA[_criterion_key(m)].origin})" for m in costly)
             raise DeployRefusal(f"The {self.name} deployment does not compute {named}: each needs a forward "
@@ -128,7 +128,7 @@ COSTLY_COSTS = ("per-layer", "gradient")  # criterion costs barred by ``allow_co
 
 def _criterion_key(name: str) -> str:
     """The criterion a name stands for: CRITERIA key, or an alias where ``ALIASES`` exists."""
-    from ghosted import layer_influence
+    from ghosted.selection import criteria as layer_influence
 
     key = str(name).strip().lower()
     return getattr(layer_influence, "ALIASES", {}).get(key, key)
@@ -136,7 +136,7 @@ def _criterion_key(name: str) -> str:
 
 def criterion_cost(name: str) -> str | None:
     """A criterion's cost ("pass", "heldout", "per-layer", "gradient"), None for an unknown name."""
-    from ghosted.layer_influence import CRITERIA
+    from ghosted.selection.criteria import CRITERIA
 
     criterion = CRITERIA.get(_criterion_key(name))
     return criterion.cost if criterion else None

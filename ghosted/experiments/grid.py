@@ -32,16 +32,18 @@ from pathlib import Path
 import pandas as pd
 from torch import nn
 
-from ghosted import validate
-from ghosted.assets import BUNDLED_MODEL
-from ghosted.calibration import CalibrationConfig
-from ghosted.evaluation import perplexity
-from ghosted.loading import LoadedModel, load_model
-from ghosted.pipeline import result_entry, split_calibration, versions
-from ghosted.pruning import format_layers
-from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
-from ghosted.shared_eval import perplexities
-from ghosted.text import TokenWindows, calibration_windows, evaluation_windows
+from ghosted.experiments import validate
+from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.calibration.collect import CalibrationConfig
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.models.loading import LoadedModel, load_model
+from ghosted.experiments.run import result_entry
+from ghosted.data.windows import split_calibration
+from ghosted.models.loading import versions
+from ghosted.models.pruning import format_layers
+from ghosted.recovery.fitting import BRANCH_METHODS, METHODS, RecoveryConfig, recover
+from ghosted.evaluation.shared_prefix import perplexities
+from ghosted.data.windows import TokenWindows, calibration_windows, capped_evaluation_windows
 
 Progress = Callable[[str], None]  # one line per stage
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
@@ -56,7 +58,7 @@ class GridConfig:
 
     model: str = BUNDLED_MODEL  # bundled model, local folder, .gguf file or hub id
     selections: list[str] = field(default_factory=lambda: ["streamline", "shortgpt"])  # ALIASES keys
-    # or any ghosted.layer_influence.CRITERIA name (e.g. streamline_cosine, block_influence)
+    # or any ghosted.selection.criteria.CRITERIA name (e.g. streamline_cosine, block_influence)
     n_values: list[int] = field(default_factory=lambda: [7, 11])  # layers removed (paper: 7 and 11 of 32)
     methods: list[str] = field(default_factory=lambda: ["dense", *METHODS])  # every method
     calib: str = "bundled:news"  # calibration text (paper: C4 train)
@@ -71,13 +73,14 @@ class GridConfig:
     seed: int = 0  # which calibration windows are drawn
     batch_size: int = 4  # windows per forward pass
     cache: bool = True  # reuse calibration statistics saved earlier, save new ones (never changes a result)
-    protocol: str = ""  # perplexity preset (ghosted.protocols) replacing evals/eval_seq_len: "paper", "bundled"
+    protocol: str = ""  # perplexity preset (ghosted.evaluation.protocols) replacing evals/eval_seq_len:
+    # "paper", "bundled"
     tasks: list[str] = field(default_factory=list)  # zero-shot tasks per method: "bundled-lastword", lm-eval names
     task_limit: int | None = None  # examples per task (None: all)
     num_fewshot: int = 0  # few-shot examples per task
 
     def criterion(self, selection: str) -> str:
-        from ghosted.layer_influence import resolve_criterion
+        from ghosted.selection.criteria import resolve_criterion
 
         return resolve_criterion(selection)  # ALIASES, and the other names people use (bi, angular, ...)
 
@@ -110,20 +113,10 @@ class GridResult:
         return paths
 
 
-def capped_evaluation_windows(tokenizer, source: str, n_tokens: int, seq_len: int,
-                              calibration_source: str | None = None) -> TokenWindows:
-    """``evaluation_windows``, with ``n_tokens`` lowered to what the source's evaluation part holds
-    (the whole source when calibration reads another one)."""
-    probe = evaluation_windows(tokenizer, source, seq_len, seq_len, calibration_source)
-    width = probe.input_ids.size(1) - (probe.protocol.get("bos") == "prepended")
-    most = (probe.protocol["available_tokens"] // width) * seq_len
-    return evaluation_windows(tokenizer, source, min(n_tokens, most), seq_len, calibration_source)
-
-
 def choose_layers(model: nn.Module, cfg: GridConfig, fit, held) -> dict[tuple[str, int], tuple[list[int], str]]:
     """(selection, n) -> (layers, reason), every criterion from one influence pass."""
-    from ghosted.layer_influence import InfluenceConfig, influence
-    from ghosted.selection import select
+    from ghosted.selection.criteria import InfluenceConfig, influence
+    from ghosted.selection.rules import select
 
     criteria = list(dict.fromkeys(cfg.criterion(s) for s in cfg.selections))
     report = influence(model, fit, InfluenceConfig(metrics=criteria, n_values=list(cfg.n_values),
@@ -165,7 +158,7 @@ def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, show_t
     """``cfg.tasks`` scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
     if not cfg.tasks:
         return None
-    from ghosted.zeroshot import evaluate_tasks
+    from ghosted.evaluation.zeroshot import evaluate_tasks
 
     return evaluate_tasks(models, tokenizer, cfg.tasks, cfg.task_limit, cfg.num_fewshot,
                           batch_size=cfg.batch_size, show_tqdm=show_tqdm, say=lambda line: None)
@@ -224,7 +217,7 @@ def _plain(value):
 def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
     """What every result of the grid depends on: the settings (not which cells, nor the cache) and
     the model's identity (so a changed checkpoint at the same path is not mistaken for the old one)."""
-    from ghosted.stats_cache import model_identity
+    from ghosted.calibration.cache import model_identity
 
     which_cells = ("selections", "n_values", "methods", "evals", "cache")  # part of each record's key instead
     settings = {k: v for k, v in asdict(cfg).items() if k not in which_cells}
@@ -357,7 +350,7 @@ def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJo
 
 def _evaluation_texts(tokenizer, cfg: GridConfig, say: Progress) -> tuple[dict[str, TokenWindows], dict]:
     """({text: windows}, the protocol as a report field): a named preset, or ``cfg.evals`` capped."""
-    from ghosted.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
+    from ghosted.evaluation.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
 
     if cfg.protocol:
         protocol = resolve_protocol(cfg.protocol, "", cfg.eval_tokens, cfg.eval_seq_len)

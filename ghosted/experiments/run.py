@@ -6,23 +6,20 @@ produce the same numbers under the same protocol.
 
 from __future__ import annotations
 
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-import torch
-
-from ghosted import __version__, validate
-from ghosted.assets import BUNDLED_MODEL
-from ghosted.calibration import CalibrationConfig
-from ghosted.loading import LoadedModel, load_model
-from ghosted.protocols import describe_protocol, protocol_windows, resolve_protocol
-from ghosted.pruning import format_layers, parse_layers
-from ghosted.recover import RecoveryConfig, RecoveryRun, recover
-from ghosted.shared_eval import perplexities
-from ghosted.text import TokenWindows, calibration_windows
-from ghosted.zeroshot import add_task_results, task_columns, task_protocol_lines
+from ghosted.experiments import validate
+from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.calibration.collect import CalibrationConfig
+from ghosted.models.loading import LoadedModel, load_model, versions
+from ghosted.evaluation.protocols import describe_protocol, protocol_windows, resolve_protocol
+from ghosted.models.pruning import format_layers, parse_layers
+from ghosted.recovery.fitting import RecoveryConfig, RecoveryRun, recover
+from ghosted.evaluation.shared_prefix import perplexities
+from ghosted.data.windows import calibration_windows, split_calibration
+from ghosted.evaluation.zeroshot import add_task_results, task_columns, task_protocol_lines
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 
@@ -43,7 +40,7 @@ class RunConfig:
     dtype: str = "auto"  # bfloat16 on GPU, float32 on CPU
     seed: int = 0  # which calibration windows are drawn
     drop: str = ""  # layers to remove, 0-based, e.g. "20-26" or "3,7,9-11"
-    select: str = ""  # or: choose the layers by this influence criterion (ghosted.layer_influence.CRITERIA)
+    select: str = ""  # or: choose the layers by this influence criterion (ghosted.selection.criteria.CRITERIA)
     n: int = 0  # how many layers ``select`` removes
     methods: list[str] = field(default_factory=lambda: ["dense", "none", "ghost-auto"])  # ghost-auto: the
     # paper's fit or the sink-robust one per gap, never worse than the paper's on the reproduction grid
@@ -53,7 +50,8 @@ class RunConfig:
     solver: str = "solve"  # "solve" or "pinv"
     batch_size: int = 4  # windows per forward pass
     cache: bool = True  # reuse calibration statistics saved by an earlier run, save new ones (--no-cache)
-    protocol: str = ""  # perplexity preset (ghosted.protocols): "paper", "bundled", or "" for eval/eval_seq_len
+    protocol: str = ""  # perplexity preset (ghosted.evaluation.protocols): "paper", "bundled", or "" for
+    # eval/eval_seq_len
     tasks: list[str] = field(default_factory=list)  # zero-shot tasks: "bundled-lastword", lm-eval task names
     task_limit: int | None = None  # examples per task (None: all)
     num_fewshot: int = 0  # few-shot examples per task (the paper: zero-shot)
@@ -63,28 +61,6 @@ class RunConfig:
         return RecoveryConfig(eps=self.eps, solver=self.solver, mode=self.ghost_mode, rank=self.rank,
                               granularity=self.granularity,
                               calibration=CalibrationConfig(batch_size=self.batch_size, seed=self.seed))
-
-
-def split_calibration(windows: TokenWindows, heldout: int) -> tuple[TokenWindows, TokenWindows | None]:
-    """The first windows fit, the last ``heldout`` are kept for held-out errors (disjoint slots)."""
-    if heldout <= 0:
-        return windows, None
-    n = windows.input_ids.size(0) - heldout
-    proto = dict(windows.protocol)
-
-    def part(sl, name, count):
-        return TokenWindows(windows.input_ids[sl], windows.attention_mask[sl],
-                            {**proto, "n_windows": count, "role": name,
-                             "tokens": count * windows.input_ids.size(1),
-                             "scored_tokens": count * (windows.input_ids.size(1) - 1)})
-    return part(slice(0, n), "fit", n), part(slice(n, None), "held-out", heldout)
-
-
-def versions() -> dict:
-    import transformers
-
-    return {"ghosted": __version__, "transformers": transformers.__version__,
-            "torch": torch.__version__, "python": platform.python_version()}
 
 
 def run_experiment(cfg: RunConfig, loaded: LoadedModel | None = None,
@@ -122,7 +98,7 @@ class _RunState:
 
     def report(self, stopped: BaseException | None = None) -> dict:
         """The JSON report; ``stopped``: the run ended early, list what finished (``complete`` false)."""
-        from ghosted.arch import num_layers
+        from ghosted.models.architecture import num_layers
 
         entries = self.entries or self._unevaluated()
         report = {
@@ -155,7 +131,7 @@ class _RunState:
         if self.run is not None:
             return (f"{len(self.run.results)} method(s) fitted, none evaluated (all models are scored "
                     "together, batch by batch, so no perplexity had finished)")
-        from ghosted.stats_cache import model_identity
+        from ghosted.calibration.cache import model_identity
 
         cached = self.cfg.cache and model_identity(self.lm.model) is not None
         saved = " (calibration statistics finished so far are cached)" if cached else ""
@@ -214,14 +190,14 @@ def _run(cfg: RunConfig, loaded, progress, show_tqdm, state: _RunState) -> tuple
 
 def _layers_to_drop(cfg: RunConfig, lm: LoadedModel) -> tuple[list[int], dict | None]:
     """``cfg.drop`` parsed, or the layers ``cfg.select`` chooses on the calibration windows (and why)."""
-    from ghosted.arch import num_layers
+    from ghosted.models.architecture import num_layers
 
     if not cfg.select:
         return parse_layers(cfg.drop, num_layers(lm.model)), None
     if cfg.drop:
         raise ValueError("Give either layers to drop or a criterion to select them with, not both.")
-    from ghosted.layer_influence import InfluenceConfig
-    from ghosted.selection import select
+    from ghosted.selection.criteria import InfluenceConfig
+    from ghosted.selection.rules import select
 
     calib = calibration_windows(lm.tokenizer, cfg.calib, cfg.calib_seqs + cfg.heldout_seqs, cfg.seq_len, cfg.seed)
     fit, held = split_calibration(calib, cfg.heldout_seqs)

@@ -86,7 +86,7 @@ def check_eval_size(tokens, seq_len, tokens_name: str = "eval_tokens", len_name:
 
 def check_methods(methods) -> list[str]:
     """A non-empty list of known method names, ``dense`` included (duplicates dropped, order kept)."""
-    from ghosted.recover import METHODS
+    from ghosted.recovery.fitting import METHODS
 
     if isinstance(methods, str):
         methods = [methods]
@@ -103,14 +103,14 @@ def check_methods(methods) -> list[str]:
 def check_drop_syntax(spec) -> list[int]:
     """A drop spec read without the model (indices >= 0, ranges not backwards); the layer count is
     checked once the model (or its config) is known."""
-    from ghosted.pruning import parse_layers
+    from ghosted.models.pruning import parse_layers
 
     return parse_layers(spec)
 
 
 def check_drop(spec, n_layers: int) -> list[int]:
     """A drop spec within the model's layers that leaves at least one of them."""
-    from ghosted.pruning import parse_layers
+    from ghosted.models.pruning import parse_layers
 
     return parse_layers(spec, n_layers)
 
@@ -144,7 +144,7 @@ def check_positions(max_positions: int | None, **lengths: int) -> None:
 
 def check_source(source, what: str = "text"):
     """A text source that can be read: bundled, a hub name, or an existing UTF-8 file (read now)."""
-    from ghosted.text import TextSource, resolve_source
+    from ghosted.data.sources import TextSource, resolve_source
 
     if not isinstance(source, (str, os.PathLike, TextSource)):
         raise TypeError(f"The {what} source must be a name or a path, not {type(source).__name__}.")
@@ -154,7 +154,7 @@ def check_source(source, what: str = "text"):
 def check_out_file(path, flag: str = "--out") -> None:
     """An output file path that can be written: not a folder, under a writable folder (checked
     before the model is loaded, so a typo never costs a model load)."""
-    from ghosted.assets import check_can_create
+    from ghosted.models.assets import check_can_create
 
     if not path:
         return
@@ -167,7 +167,7 @@ def check_out_file(path, flag: str = "--out") -> None:
 def check_out_dir(path, flag: str = "--out-dir") -> None:
     """An output folder: absent (it will be created) or a folder, never an existing file, and
     under a writable folder."""
-    from ghosted.assets import check_can_create
+    from ghosted.models.assets import check_can_create
 
     target = Path(path).expanduser()
     if target.exists() and not target.is_dir():
@@ -200,7 +200,7 @@ def facts_of_config(config) -> ModelFacts:
 
 def facts_of_model(model) -> ModelFacts:
     """Facts of a loaded model: its real layer count (a pruned model's too) and its config's positions."""
-    from ghosted.arch import num_layers
+    from ghosted.models.architecture import num_layers
 
     facts = facts_of_config(model.config)
     facts.layers = num_layers(model)
@@ -212,8 +212,8 @@ def model_facts(source: str, trust_remote_code: bool = False) -> ModelFacts:
     converted copy), a folder's config.json, or a hub config (unknown facts when it cannot be read)."""
     from transformers import AutoConfig
 
-    from ghosted.assets import bundled_gguf_path, cache_dir, file_sha256
-    from ghosted.loading import source_kind
+    from ghosted.models.assets import bundled_gguf_path, cache_dir, file_sha256
+    from ghosted.models.loading import source_kind
 
     kind = source_kind(source)
     try:
@@ -248,7 +248,7 @@ def check_calibration(cfg, min_seqs: int = 1) -> None:
 
 def check_run(cfg) -> None:
     """Config-only checks of a ``RunConfig`` (before the model is loaded)."""
-    from ghosted.layer_influence import resolve_criterion
+    from ghosted.selection.criteria import resolve_criterion
 
     check_calibration(cfg)
     check_eval_size(cfg.eval_tokens, eval_window(cfg))
@@ -285,7 +285,7 @@ def check_run_model(cfg, facts: ModelFacts) -> list[int]:
 
 def eval_window(cfg) -> int:
     """The perplexity window a run or grid will use: its protocol preset's, else ``eval_seq_len``."""
-    from ghosted.protocols import PROTOCOLS
+    from ghosted.evaluation.protocols import PROTOCOLS
 
     preset = PROTOCOLS.get(getattr(cfg, "protocol", "") or "")
     return preset.seq_len if preset else cfg.eval_seq_len
@@ -293,7 +293,7 @@ def eval_window(cfg) -> int:
 
 def check_grid(cfg) -> None:
     """Config-only checks of a ``GridConfig``."""
-    from ghosted.layer_influence import resolve_criterion
+    from ghosted.selection.criteria import resolve_criterion
 
     check_calibration(cfg)
     check_eval_size(cfg.eval_tokens, eval_window(cfg))
@@ -321,7 +321,7 @@ def check_grid_model(cfg, facts: ModelFacts) -> None:
 
 def check_export(args) -> None:
     """Config-only checks of ``export``: calibration, eps, the drop spec, ghost-auto's held-out windows.
-    The output folder is checked by ``ghosted.export.check_target_folder`` (called first by the CLI)."""
+    The output folder is checked by ``ghosted.operators.checkpoint.check_target_folder`` (called first by the CLI)."""
     check_calibration(args)
     check_eps(args.eps)
     if not check_drop_syntax(args.drop):
@@ -360,7 +360,7 @@ def _calibration_line(cfg) -> str:
 
 
 def _evaluation_line(source: str, calib: str, tokens: int, seq_len: int) -> str:
-    from ghosted.text import evaluation_part
+    from ghosted.data.windows import evaluation_part
 
     part = evaluation_part(source, calib)
     where = "the whole text" if part == "whole" else f"{part} part"
@@ -370,8 +370,8 @@ def _evaluation_line(source: str, calib: str, tokens: int, seq_len: int) -> str:
 
 def plan_run(cfg, facts: ModelFacts) -> str:
     """What ``run`` would do, in words, with an estimate of its forward passes (``--dry-run``)."""
-    from ghosted.layer_influence import resolve_criterion
-    from ghosted.pruning import format_layers
+    from ghosted.selection.criteria import resolve_criterion
+    from ghosted.models.pruning import format_layers
 
     drop = check_run_model(cfg, facts)
     methods = check_methods(cfg.methods)
@@ -397,7 +397,7 @@ def plan_run(cfg, facts: ModelFacts) -> str:
 
 
 def _protocol_line(name: str) -> str:
-    from ghosted.protocols import PROTOCOLS
+    from ghosted.evaluation.protocols import PROTOCOLS
 
     return f"evaluation: the {name} protocol: {PROTOCOLS[name].note}"
 
@@ -411,7 +411,7 @@ def _tasks_line(cfg) -> str:
 
 def plan_grid(cfg, facts: ModelFacts) -> str:
     """What ``grid`` would do (``--dry-run``)."""
-    from ghosted.layer_influence import resolve_criterion
+    from ghosted.selection.criteria import resolve_criterion
 
     check_grid_model(cfg, facts)
     settings = len(cfg.selections) * len(cfg.n_values)
@@ -434,7 +434,7 @@ def plan_grid(cfg, facts: ModelFacts) -> str:
 
 def plan_export(args, facts: ModelFacts) -> str:
     """What ``export`` would do (``--dry-run``)."""
-    from ghosted.pruning import format_layers
+    from ghosted.models.pruning import format_layers
 
     drop = check_export_model(args, facts)
     lines = [_facts_line(args.model, facts), f"layers to drop: {format_layers(drop)}", _calibration_line(args),

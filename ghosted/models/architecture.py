@@ -159,3 +159,17 @@ def describe(model: nn.Module) -> dict:
         "dtype": str(params[0].dtype).replace("torch.", "") if params else "?",
         "device": ", ".join(devices),
     }
+
+
+OPERATOR_SITES = ("ghosted_pre", "ghosted_post", "ghosted_branch")  # child names recovery operators hang under
+# (ghosted/operators/sites.py attaches them): a lower layer can tell a recovered model without importing operators/
+
+
+def has_operators(model: nn.Module) -> bool:
+    """Whether recovery operators are attached anywhere in ``model`` (a non-empty child at an operator site)."""
+    for module in model.modules():
+        for name in OPERATOR_SITES:
+            child = module._modules.get(name)
+            if child is not None and not (isinstance(child, nn.ModuleList) and len(child) == 0):
+                return True
+    return False

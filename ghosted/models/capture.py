@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ghosted.arch import hidden_of, layers_of, num_layers, spec_for
-from ghosted.pruning import build_variant, shallow_clone
+from ghosted.models.architecture import hidden_of, layers_of, num_layers, spec_for
+from ghosted.models.pruning import build_variant, shallow_clone
 
 
 class StopForward(Exception):
@@ -132,7 +132,7 @@ def private_submodule(owner: nn.Module, path: str) -> nn.Module:
 
 def input_device(model: nn.Module) -> torch.device:
     """Device where token ids must go (the embedding's device, also under ``device_map``)."""
-    from ghosted.arch import embedding_of
+    from ghosted.models.architecture import embedding_of
 
     embedding = embedding_of(model)
     execution = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)

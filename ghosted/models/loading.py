@@ -7,7 +7,9 @@ The conversion is written whole or not at all, and two processes converting at o
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import re
 import shutil
 import time
@@ -17,8 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ghosted.assets import (BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_lock, file_sha256,
-                            remove_stale_temps, staged_folder)
+from ghosted import __version__
+from ghosted.models.assets import (BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_lock,
+                                   file_sha256, remove_stale_temps, staged_folder)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -202,8 +205,6 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
     else:
         location = os.path.expanduser(cfg.source)
     if kind == "folder":  # refuse operators without a recipe: never a silently plain pruned model
-        from ghosted.export import check_saved_folder
-
         check_saved_folder(location, hashes=False)
     model, tokenizer = _from_pretrained(location, cfg, dtype, offline_hint=kind == "hub")
     if cfg.device_map is None:
@@ -216,3 +217,82 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
                        device=device, dtype=str(dtype).replace("torch.", ""),
                        load_seconds=time.perf_counter() - started, revision=cfg.revision,
                        extra={"location": location})
+
+
+def versions() -> dict:
+    """The versions of ghosted, transformers, torch and Python, for reports and recipes."""
+    import transformers
+
+    return {"ghosted": __version__, "transformers": transformers.__version__,
+            "torch": torch.__version__, "python": platform.python_version()}
+
+
+# --- a folder saved by ghosted.operators.checkpoint: its recipe and operator files, checked before loading ---
+
+OPERATORS_FILE = "ghosted_operators.safetensors"  # the recovery operators of a saved model
+RECIPE_FILE = "ghosted_recipe.json"  # how the saved model was made, and which operator files it lists
+
+
+def read_recipe(path: str | Path) -> dict:
+    """The recipe of a saved folder, or {} when it has none (a model not saved by ghosted)."""
+    file = Path(path) / RECIPE_FILE
+    if not file.exists():
+        return {}
+    try:
+        recipe = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{file} is damaged (not valid JSON: {err}). Copy the folder again or "
+                         "export the model again.") from None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{file} is damaged (a JSON object was expected). Copy the folder again or "
+                         "export the model again.")
+    return recipe
+
+
+def check_saved_folder(folder: str | Path, hashes: bool = True) -> dict:
+    """The recipe of ``folder`` once its operator files agree with it; a clear error otherwise.
+
+    A recovered model must never come back as a plain pruned one without a word: operators listed
+    but missing or changed (sha256, when ``hashes``), or an operator file without a recipe, are
+    refused.
+    """
+    folder = Path(folder)
+    recipe = read_recipe(folder)
+    operators = folder / OPERATORS_FILE
+    if not recipe:
+        if operators.exists():
+            raise ValueError(f"{operators} has no {RECIPE_FILE} next to it (an interrupted save, or "
+                             "a deleted recipe), so its operators cannot be placed. Export the model "
+                             f"again, or delete {OPERATORS_FILE} to load the pruned model without recovery.")
+        return recipe
+    listed = _listed_operator_files(recipe, folder)
+    if operators.exists() and OPERATORS_FILE not in {entry["name"] for entry in listed}:
+        raise ValueError(f"{operators} is not listed in {RECIPE_FILE}, which describes a model without "
+                         "operators: it belongs to another export. Delete it, or export the model again.")
+    for entry in listed:
+        _check_listed_file(folder / entry["name"], entry, hashes)
+    return recipe
+
+
+def _listed_operator_files(recipe: dict, folder: Path) -> list[dict]:
+    """The recipe's ``operator_files`` (format 1 recipes have none: the file is implied)."""
+    listed = recipe.get("operator_files")
+    if listed is None:
+        return [{"name": OPERATORS_FILE}] if recipe.get("operators") else []
+    if not isinstance(listed, list) or not all(isinstance(e, dict) and "name" in e for e in listed):
+        raise ValueError(f"{folder / RECIPE_FILE} is damaged (operator_files is not a list of files). "
+                         "Export the model again.")
+    return listed
+
+
+def _check_listed_file(file: Path, entry: dict, hashes: bool) -> None:
+    if not file.exists():
+        raise FileNotFoundError(f"{file} is missing, but {RECIPE_FILE} lists it: without it the model "
+                                "would load without its recovery. Copy the complete folder again, or "
+                                "export the model again.")
+    changed = ("bytes" in entry and file.stat().st_size != entry["bytes"]) or \
+              (hashes and "sha256" in entry and file_sha256(file) != entry["sha256"])
+    if changed:
+        raise ValueError(f"{file} has changed since the model was saved (its size or sha256 differs "
+                         f"from {RECIPE_FILE}): it is damaged or comes from another export. Copy the "
+                         "folder again, or export the model again.")

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from ghosted.arch import layers_of, num_layers, spec_for
+from ghosted.models.architecture import layers_of, num_layers, spec_for
 
 _HOOK_DICTS = (
     "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ghosted.arch import get_path, num_layers, spec_for
-from ghosted.calibration import Gap
-from ghosted.operators import LowRankOperator, RobustLowRankOperator
-from ghosted.patch import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator, attach_branch_operator,
-                           attach_stream_operators, fold_branch_operator, site_for_gap)
-from ghosted.pruning import build_variant
-from ghosted.sinks import SinkContext, SinkMap, SinkRule
+from ghosted.models.architecture import get_path, num_layers, spec_for
+from ghosted.calibration.collect import Gap
+from ghosted.operators.modules import LowRankOperator, RobustLowRankOperator
+from ghosted.operators.sites import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator,
+                                     attach_branch_operator, attach_stream_operators, fold_branch_operator,
+                                     site_for_gap)
+from ghosted.models.pruning import build_variant
+from ghosted.calibration.sinks import SinkContext, SinkMap, SinkRule
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Save a recovered model as a standard Hugging Face folder, and load it back exactly.
 
 A recovered model is a pruned view whose recovery operators are child modules named ``ghosted_*``
-applied by forward hooks (see ``ghosted.patch``). Saving splits it in three:
+applied by forward hooks (see ``ghosted.operators.sites``). Saving splits it in three:
 
   * the kept weights, renumbered, in safetensors with the updated config (``num_hidden_layers``,
     ``layer_types``) and the tokenizer: a plain ``from_pretrained`` loads this with no missing or
@@ -33,16 +33,15 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from ghosted.arch import layers_of, spec_for
-from ghosted.assets import (BUNDLED_MODEL, bundled_gguf_path, cache_dir, check_can_create, file_sha256,
-                            staged_folder)
-from ghosted.operators import SAVED_KINDS
-from ghosted.patch import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator, attach_branch_operator,
-                           attach_stream_operators, operators_of)
-from ghosted.pruning import format_layers, original_indices
+from ghosted.models.architecture import layers_of, spec_for
+from ghosted.models.assets import (BUNDLED_MODEL, bundled_gguf_path, cache_dir, check_can_create, file_sha256,
+                                   staged_folder)
+from ghosted.operators.modules import SAVED_KINDS
+from ghosted.operators.sites import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator,
+                                     attach_branch_operator, attach_stream_operators, operators_of)
+from ghosted.models.pruning import format_layers, original_indices
+from ghosted.models.loading import OPERATORS_FILE, RECIPE_FILE, check_saved_folder
 
-OPERATORS_FILE = "ghosted_operators.safetensors"
-RECIPE_FILE = "ghosted_recipe.json"
 RECIPE_FORMAT = 2  # bumped when a field changes meaning (2: operator_files with sha256)
 _SITE_NAMES = {"ghosted_pre": "before", "ghosted_post": "after", "ghosted_branch": "mlp"}
 _KINDS = {StreamOperator: "stream", BranchOperator: "branch", RobustStreamOperator: "robust"}
@@ -214,7 +213,7 @@ def build_recipe(model: nn.Module, operators: list[dict], recipe=None, loaded=No
     ``recipe`` is a ``RecoveryRun`` (settings, dropped layers and calibration protocol are read
     from it), a dict of fields that override the inferred ones, or None.
     """
-    from ghosted.pipeline import versions
+    from ghosted.models.loading import versions
 
     extra = recipe if isinstance(recipe, dict) else {}
     run = None if isinstance(recipe, dict) or recipe is None else recipe
@@ -273,77 +272,12 @@ def _settings_of(run) -> dict:
     return asdict(run.config) if is_dataclass(run.config) else dict(run.config)
 
 
-def read_recipe(path: str | Path) -> dict:
-    """The recipe of a saved folder, or {} when it has none (a model not saved by ghosted)."""
-    file = Path(path) / RECIPE_FILE
-    if not file.exists():
-        return {}
-    try:
-        recipe = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{file} is damaged (not valid JSON: {err}). Copy the folder again or "
-                         "export the model again.") from None
-    if not isinstance(recipe, dict):
-        raise ValueError(f"{file} is damaged (a JSON object was expected). Copy the folder again or "
-                         "export the model again.")
-    return recipe
-
-
-def check_saved_folder(folder: str | Path, hashes: bool = True) -> dict:
-    """The recipe of ``folder`` once its operator files agree with it; a clear error otherwise.
-
-    A recovered model must never come back as a plain pruned one without a word: operators listed
-    but missing or changed (sha256, when ``hashes``), or an operator file without a recipe, are
-    refused.
-    """
-    folder = Path(folder)
-    recipe = read_recipe(folder)
-    operators = folder / OPERATORS_FILE
-    if not recipe:
-        if operators.exists():
-            raise ValueError(f"{operators} has no {RECIPE_FILE} next to it (an interrupted save, or "
-                             "a deleted recipe), so its operators cannot be placed. Export the model "
-                             f"again, or delete {OPERATORS_FILE} to load the pruned model without recovery.")
-        return recipe
-    listed = _listed_operator_files(recipe, folder)
-    if operators.exists() and OPERATORS_FILE not in {entry["name"] for entry in listed}:
-        raise ValueError(f"{operators} is not listed in {RECIPE_FILE}, which describes a model without "
-                         "operators: it belongs to another export. Delete it, or export the model again.")
-    for entry in listed:
-        _check_listed_file(folder / entry["name"], entry, hashes)
-    return recipe
-
-
-def _listed_operator_files(recipe: dict, folder: Path) -> list[dict]:
-    """The recipe's ``operator_files`` (format 1 recipes have none: the file is implied)."""
-    listed = recipe.get("operator_files")
-    if listed is None:
-        return [{"name": OPERATORS_FILE}] if recipe.get("operators") else []
-    if not isinstance(listed, list) or not all(isinstance(e, dict) and "name" in e for e in listed):
-        raise ValueError(f"{folder / RECIPE_FILE} is damaged (operator_files is not a list of files). "
-                         "Export the model again.")
-    return listed
-
-
-def _check_listed_file(file: Path, entry: dict, hashes: bool) -> None:
-    if not file.exists():
-        raise FileNotFoundError(f"{file} is missing, but {RECIPE_FILE} lists it: without it the model "
-                                "would load without its recovery. Copy the complete folder again, or "
-                                "export the model again.")
-    changed = ("bytes" in entry and file.stat().st_size != entry["bytes"]) or \
-              (hashes and "sha256" in entry and file_sha256(file) != entry["sha256"])
-    if changed:
-        raise ValueError(f"{file} has changed since the model was saved (its size or sha256 differs "
-                         f"from {RECIPE_FILE}): it is damaged or comes from another export. Copy the "
-                         "folder again, or export the model again.")
-
-
 # -------------------------------------------------------------------------------------- loading
 def load_any(source: str | None = None, **options):
     """Any model source as a ``LoadedModel``; a folder written by ``save_recovered`` comes back with
     its recovery operators (never silently as the plain pruned weights). ``options`` are those of
-    ``ghosted.loading.load_model``."""
-    from ghosted.loading import load_model
+    ``ghosted.models.loading.load_model``."""
+    from ghosted.models.loading import load_model
 
     if source is not None and (Path(source).expanduser() / RECIPE_FILE).exists():
         return load_recovered(source, **options)
@@ -355,7 +289,7 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
     """Load a folder written by ``save_recovered``: the model with its operators re-attached.
 
     Returns a ``LoadedModel`` (``.model``, ``.tokenizer``; ``.extra["recipe"]`` holds the recipe).
-    ``device``, ``dtype`` and ``device_map`` are those of ``ghosted.loading.load_model``; the
+    ``device``, ``dtype`` and ``device_map`` are those of ``ghosted.models.loading.load_model``; the
     operators stay in float32 and follow the stream to its device. The operator files are checked
     against the recipe first (see ``check_saved_folder``).
 
@@ -363,7 +297,7 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
         >>> lm = load_recovered("smollm2-ghost")
         >>> lm.extra["recipe"]["dropped_spec"]       # "20-26"
     """
-    from ghosted.loading import load_model
+    from ghosted.models.loading import load_model
 
     started = time.perf_counter()
     folder = Path(path).expanduser()
@@ -383,7 +317,7 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
 def _load_without_tokenizer(folder: Path, device: str, dtype: str, device_map, **options):
     from transformers import AutoModelForCausalLM
 
-    from ghosted.loading import LoadedModel, resolve_device, resolve_dtype
+    from ghosted.models.loading import LoadedModel, resolve_device, resolve_dtype
 
     where = resolve_device(device) if device_map is None else "device_map"
     torch_dtype = resolve_dtype(dtype, "cuda" if where == "device_map" and torch.cuda.is_available() else where)
@@ -446,8 +380,8 @@ def _rebuild(entry: dict, tensors: dict[str, torch.Tensor], context) -> nn.Modul
     if entry["kind"] == "branch":
         return BranchOperator(weight, boundary, method)
     if entry["kind"] == "robust":
-        from ghosted.patch import RobustStreamOperator
-        from ghosted.sinks import SinkMap
+        from ghosted.operators.sites import RobustStreamOperator
+        from ghosted.calibration.sinks import SinkMap
 
         sink_map = SinkMap(constant=tensors[f"{key}.sink_constant"], linear=tensors.get(f"{key}.sink_linear"))
         return RobustStreamOperator(weight, sink_map, context, boundary, method)
@@ -460,8 +394,8 @@ def _sink_context(model: nn.Module, entries: list[dict]):
     rules = [entry["sink_rule"] for entry in entries if "sink_rule" in entry]
     if not rules:
         return None
-    from ghosted.arch import stack_of
-    from ghosted.sinks import SinkContext, SinkRule
+    from ghosted.models.architecture import stack_of
+    from ghosted.calibration.sinks import SinkContext, SinkRule
 
     context = SinkContext(SinkRule(**rules[0]))
     stack_of(model).register_forward_pre_hook(context.hook, with_kwargs=True)

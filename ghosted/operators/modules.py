@@ -1,7 +1,7 @@
 """Recovery operators beyond a dense d x d map: a low-rank correction and a trained FFN block.
 
 Both act on the residual stream like ``patch.StreamOperator`` (h -> f(h), attached by the same
-hooks at the same sites), and both know how to save and rebuild themselves, so ``ghosted.export``
+hooks at the same sites), and both know how to save and rebuild themselves, so ``ghosted.operators.checkpoint``
 stores them next to the dense operators without knowing their insides:
 
   * ``kind``: the name written in the operator file;
@@ -83,12 +83,12 @@ class RobustLowRankOperator(LowRankOperator):
         self.context = context
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from ghosted.patch import RobustStreamOperator
+        from ghosted.operators.sites import RobustStreamOperator
 
         return RobustStreamOperator.replace_sinks(self, hidden, super().forward(hidden))
 
     def sink_mask(self, hidden: torch.Tensor):
-        from ghosted.patch import RobustStreamOperator
+        from ghosted.operators.sites import RobustStreamOperator
 
         return RobustStreamOperator.sink_mask(self, hidden)
 
@@ -105,7 +105,7 @@ class RobustLowRankOperator(LowRankOperator):
 
     @classmethod
     def from_saved(cls, entry: dict, tensors: dict[str, torch.Tensor], context=None) -> RobustLowRankOperator:
-        from ghosted.sinks import SinkMap
+        from ghosted.calibration.sinks import SinkMap
 
         sink_map = SinkMap(constant=tensors["sink_constant"], linear=tensors.get("sink_linear"))
         return cls(tensors["left"], tensors["right"], sink_map, context, tuple(entry["boundary"]), entry["method"])

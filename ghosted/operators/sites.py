@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ghosted.arch import get_path, hidden_of, layers_of, spec_for, with_hidden
-from ghosted.capture import private_submodule
+from ghosted.models.architecture import get_path, hidden_of, layers_of, spec_for, with_hidden
+from ghosted.models.capture import private_submodule
 
 
 class StreamOperator(nn.Module):

@@ -3,7 +3,9 @@
 Every method's boundary map is summarised by the Gram matrix RᵀR of its residual R = (what the
 next kept layer receives) − X_post over the calibration tokens, computed in closed form from the
 float64 statistics, sink tokens included. Its trace is the boundary error; the square roots of its
-eigenvalues are the residual's singular values.
+eigenvalues are the residual's singular values. An operator alone can also be read: the spectrum of Δ or
+of a fit residual (kind "stream" for a full-stream W, "mlp" for an MLP-branch T), and the share of a
+matrix in its antisymmetric part.
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ghosted.analysis import antisymmetric_share
-from ghosted.assemble import GapFit
-from ghosted.sinks import SinkMap
-from ghosted.solve import mlp_residual_gram, residual_gram
-from ghosted.stats import BoundaryStats
+from ghosted.operators.assembly import GapFit
+from ghosted.calibration.sinks import SinkMap
+from ghosted.recovery.solvers import mlp_residual_gram, residual_gram
+from ghosted.calibration.stats import BoundaryStats
 
 
 def _y_gram(s: BoundaryStats) -> torch.Tensor:
@@ -54,7 +55,39 @@ def residual_gram_of(fit: GapFit | None, stats: BoundaryStats) -> torch.Tensor:
 
 
 def singular_values(gram: torch.Tensor) -> np.ndarray:
+    """√eig(G) descending, for a symmetric PSD Gram matrix G = AᵀA (round-off clamped at 0)."""
     return torch.linalg.eigvalsh(gram.double()).clamp_min(0).sqrt().flip(0).cpu().numpy()
+
+
+def delta_spectrum(stats: BoundaryStats) -> np.ndarray:
+    """Singular values of Δ (descending): √eig(ΔᵀΔ), clamped at 0."""
+    return singular_values(stats.dtd)
+
+
+def residual_spectrum(stats: BoundaryStats, op: torch.Tensor, kind: str = "stream") -> np.ndarray:
+    """Singular values (descending) of the fit residual Δ − X(W − I) (kind "stream") or Δ − m(T − I) ("mlp")."""
+    correction = op.to(stats.dtd) - torch.eye(stats.dim, dtype=stats.dtd.dtype,
+                                              device=stats.dtd.device)  # (d, d)
+    if kind == "stream":
+        return singular_values(residual_gram(stats, correction))
+    if kind == "mlp":
+        return singular_values(mlp_residual_gram(stats, correction))
+    raise ValueError(f"unknown operator kind {kind!r}; use 'stream' or 'mlp'")
+
+
+def antisymmetric_share(matrix: torch.Tensor) -> dict[str, float]:
+    """Share of M in its antisymmetric part A = (M − Mᵀ)/2.
+
+    The paper's "47 %" does not say which ratio it is, so both are given:
+    norm_ratio = ‖A‖_F / ‖M‖_F and energy_ratio = norm_ratio² (= ‖A‖²/‖M‖², since
+    ‖M‖² = ‖S‖² + ‖A‖² for the symmetric part S). NaN for M = 0.
+    """
+    m = matrix.to(torch.float64)  # (d, d)
+    total = float(torch.linalg.matrix_norm(m))
+    if total == 0.0:
+        return {"norm_ratio": float("nan"), "energy_ratio": float("nan")}
+    antisym = float(torch.linalg.matrix_norm((m - m.T) / 2)) / total
+    return {"norm_ratio": antisym, "energy_ratio": antisym**2}
 
 
 def error_rows(method: str, gap, fit: GapFit | None, stats: BoundaryStats, split: str) -> dict:

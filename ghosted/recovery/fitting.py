@@ -13,7 +13,7 @@ Methods (all training-free, all behind one interface):
   * ``linearpatch-diag`` / ``linearpatch-rotate``: LinearPatch's channel scaling, plain or in a
     Hadamard basis.
   * ``ghost-lowrank`` (``-robust``), ``prunecomp``, ``streamline-ffn`` / ``streamline-layer``: the best rank-R ghost,
-    Prune&Comp's fused magnitude scale and LLM-Streamline's trained replacements (``ghosted.frontier``).
+    Prune&Comp's fused magnitude scale and LLM-Streamline's trained replacements (``ghosted.recovery.frontier``).
 The input model is never modified; each method gets its own model object sharing the kept weights.
 """
 
@@ -27,23 +27,24 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ghosted import diagnostics, solve
-from ghosted import methods as registry
-from ghosted.arch import num_layers
-from ghosted.assemble import GapFit, assemble
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
-from ghosted.guards import check_eps
-from ghosted.pruning import build_variant, parse_layers
-from ghosted.robust import fit_robust
-from ghosted.sinks import SinkDetector, SinkRule, sink_report
-from ghosted.stats import BoundaryStats
-from ghosted.stats_cache import collect_cached, model_identity, resolve_cache
-from ghosted.streamline import StreamlineConfig
+from ghosted.recovery import diagnostics, solvers as solve
+from ghosted.recovery import methods as registry
+from ghosted.recovery.methods import MethodResult
+from ghosted.models.architecture import num_layers
+from ghosted.operators.assembly import GapFit, assemble
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, gaps_of
+from ghosted.core.guards import check_eps
+from ghosted.models.pruning import build_variant, parse_layers
+from ghosted.recovery.robust import fit_robust
+from ghosted.calibration.sinks import SinkDetector, SinkRule, sink_report
+from ghosted.calibration.stats import BoundaryStats
+from ghosted.calibration.cache import collect_cached, model_identity, resolve_cache
+from ghosted.recovery.streamline import StreamlineConfig
 
-# The names and kinds come from the registry (ghosted.methods); the fits are dispatched below.
+# The names and kinds come from the registry (ghosted.recovery.methods); the fits are dispatched below.
 STREAM_METHODS = registry.names_of(registry.STREAM)
 BRANCH_METHODS = registry.names_of(registry.BRANCH)
-FRONTIER_METHODS = registry.names_of(registry.WEIGHTS, registry.TRAINED)  # see ghosted.frontier
+FRONTIER_METHODS = registry.names_of(registry.WEIGHTS, registry.TRAINED)  # see ghosted.recovery.frontier
 METHODS = registry.FITTED  # "none" and every method recover() fits
 SINK_METHODS = ("ghost-robust", "ghost-auto", "replaceme-ls-robust", "ghost-lowrank-robust")
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
@@ -76,24 +77,6 @@ class RecoveryConfig:
 
     def sink_rule(self) -> SinkRule:
         return SinkRule(position=self.sink_position, norm_factor=self.sink_norm_factor)
-
-
-@dataclass
-class MethodResult:
-    """One recovered model and what produced it."""
-
-    method: str
-    model: nn.Module
-    kind: str  # "stream", "branch" or "none"
-    operators: dict[Gap, torch.Tensor]  # float64 W (stream) or T (branch) per gap
-    stats: dict[Gap, BoundaryStats]  # the statistics it was fitted on
-    heldout: dict[Gap, BoundaryStats] | None
-    solve_seconds: float
-    calib_seconds: float
-    notes: list[str] = field(default_factory=list)
-    fits: dict[Gap, GapFit] = field(default_factory=dict)  # full description incl. sink maps
-    choices: list[dict] = field(default_factory=list)  # what auto / ridge selection chose and why
-    statistics: str = "computed"  # "reused": its calibration statistics came from the cache, no forward pass
 
 
 @dataclass
@@ -187,7 +170,7 @@ def _fit_plain(method: str, stats: BoundaryStats, cfg: RecoveryConfig) -> GapFit
     if method == "ghost":
         return GapFit(stream=solve.ghost_operator(stats, eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond))
     if method == "ghost-lowrank":
-        from ghosted.frontier import fit_lowrank
+        from ghosted.recovery.frontier import fit_lowrank
         return fit_lowrank(stats, cfg)
     if method.startswith("linearpatch"):
         return GapFit(stream=solve.linearpatch_operator(stats, rotate=method.endswith("rotate")))
@@ -281,7 +264,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
                                           cfg, calib_cfg, rule, stage, show_tqdm)
             continue
         if method in FRONTIER_METHODS:
-            from ghosted.frontier import fit_frontier
+            from ghosted.recovery.frontier import fit_frontier
             results[method] = fit_frontier(method, model, dropped, stats, heldout, calib_windows, heldout_windows,
                                            cfg, stage, calib_seconds)
             continue
@@ -296,7 +279,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
                 fits[g], choice = _fit_robust(g, stats[g], heldout[g] if heldout else None, cfg)
                 choices.append(choice)
         elif method == "ghost-lowrank-robust":
-            from ghosted.frontier import fit_lowrank_robust
+            from ghosted.recovery.frontier import fit_lowrank_robust
             fits = {g: fit_lowrank_robust(stats[g], heldout[g] if heldout else None, cfg) for g in gaps}
         else:
             fits = {g: _fit_plain(method, stats[g], cfg) for g in gaps}
@@ -336,7 +319,7 @@ def _auto(model, dropped, gaps, stats, heldout, heldout_windows, cfg, rule, stag
     candidate gap by gap and keeps what lowers the held-out NLL, so the result is never worse on the
     held-out windows than plain pruning, nor than the paper's fit. Each configuration is scored once.
     """
-    from ghosted.evaluation import perplexity
+    from ghosted.evaluation.perplexity import perplexity
 
     paper = {g: (done["ghost"].fits[g] if "ghost" in done and g in done["ghost"].fits
                  else _fit_plain("ghost", stats[g], cfg)) for g in gaps}

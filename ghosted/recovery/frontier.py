@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from ghosted.assemble import GapFit
-from ghosted.lowrank import default_rank, lowrank_factors
-from ghosted.stats import BoundaryStats
+from ghosted.operators.assembly import GapFit
+from ghosted.recovery.lowrank import default_rank, lowrank_factors
+from ghosted.calibration.stats import BoundaryStats
 
 
 def fit_lowrank(stats: BoundaryStats, cfg) -> GapFit:
@@ -32,7 +32,7 @@ def fit_lowrank(stats: BoundaryStats, cfg) -> GapFit:
 
 def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg) -> GapFit:
     """The low-rank fit on the non-sink tokens, with ``ghost-robust``'s held-out ridge and sink map."""
-    from ghosted.robust import fit_robust
+    from ghosted.recovery.robust import fit_robust
 
     robust = fit_robust(stats, heldout, eps=cfg.eps, sink_kind=cfg.sink_map, choose_ridge=cfg.choose_ridge,
                         solver=cfg.solver)
@@ -46,14 +46,14 @@ def fit_lowrank_robust(stats: BoundaryStats, heldout: BoundaryStats | None, cfg)
 def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, heldout_windows, cfg, stage,
                  calib_seconds: float):
     """``prunecomp``, ``streamline-ffn`` or ``streamline-layer`` as a ``MethodResult``."""
-    from ghosted.calibration import gaps_of
-    from ghosted.recover import MethodResult
+    from ghosted.calibration.collect import gaps_of
+    from ghosted.recovery.methods import MethodResult
 
     gaps = gaps_of(dropped, "block")
     pick = lambda d: None if d is None else {g: d[g] for g in gaps if g in d}  # noqa: E731
     started = time.perf_counter()
     if method == "prunecomp":
-        from ghosted.prunecomp import prunecomp
+        from ghosted.recovery.prunecomp import prunecomp
 
         built, scales, measured = prunecomp(model, dropped, calib_windows, cfg.calibration, first_stats=stats,
                                             progress=stage("prunecomp: measuring scales"))
@@ -70,9 +70,9 @@ def fit_frontier(method: str, model, dropped, stats, heldout, calib_windows, hel
 
 
 def _streamline(method, model, dropped, gaps, calib_windows, heldout_windows, cfg, stage, calib_seconds):
-    from ghosted.assemble import assemble
-    from ghosted.recover import MethodResult
-    from ghosted.streamline import capture_pairs, train_ffn, train_layer, with_layers
+    from ghosted.operators.assembly import assemble
+    from ghosted.recovery.methods import MethodResult
+    from ghosted.recovery.streamline import capture_pairs, train_ffn, train_layer, with_layers
 
     train_cfg = cfg.streamline
     started = time.perf_counter()

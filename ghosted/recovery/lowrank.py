@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from ghosted import solve
-from ghosted.stats import BoundaryStats
+from ghosted.recovery import solvers as solve
+from ghosted.calibration.stats import BoundaryStats
 
 
 def default_rank(dim: int) -> int:

@@ -1,13 +1,22 @@
 """The method registry: every recovery method Ghosted knows, what it is and where it comes from.
 
-One entry per name. ``ghosted.recover.METHODS``, the CLI's ``--methods`` help, the app's method help,
+One entry per name. ``ghosted.recovery.fitting.METHODS``, the CLI's ``--methods`` help, the app's method help,
 ``python -m ghosted methods`` and the README's method table all read this table, so a new method is
-described once, here (its fit still goes in ``ghosted.recover`` / ``ghosted.frontier``).
+described once, here (its fit still goes in ``ghosted.recovery.fitting`` / ``ghosted.recovery.frontier``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotations of MethodResult only: the registry imports nothing heavy
+    import torch
+    from torch import nn
+
+    from ghosted.calibration.collect import Gap
+    from ghosted.calibration.stats import BoundaryStats
+    from ghosted.operators.assembly import GapFit
 
 # Kinds of result a method produces.
 STREAM = "stream operator"  # W applied to the residual stream at the gap (a module in the checkpoint)
@@ -108,7 +117,7 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given"),
 ]}
 DEFAULT = "ghost-auto"  # the default recovery of run, export, ghosted.fit and the app
-FITTED = tuple(name for name in REGISTRY if name != "dense")  # what recover() fits: ghosted.recover.METHODS
+FITTED = tuple(name for name in REGISTRY if name != "dense")  # what recover() fits: ghosted.recovery.fitting.METHODS
 
 
 def names_of(*kinds: str) -> tuple[str, ...]:
@@ -169,3 +178,21 @@ def text_table() -> str:
         lines.append(f"    kind: {m.kind}; gaps: {m.gaps}; statistics: {m.statistics}; held-out windows: {m.heldout}")
         lines.append(f"    paper: {paper_text(m)}")
     return "\n".join(lines)
+
+
+@dataclass
+class MethodResult:
+    """One recovered model and what produced it: what every fit function returns."""
+
+    method: str
+    model: nn.Module
+    kind: str  # "stream", "branch" or "none"
+    operators: dict[Gap, torch.Tensor]  # float64 W (stream) or T (branch) per gap
+    stats: dict[Gap, BoundaryStats]  # the statistics it was fitted on
+    heldout: dict[Gap, BoundaryStats] | None
+    solve_seconds: float
+    calib_seconds: float
+    notes: list[str] = field(default_factory=list)
+    fits: dict[Gap, GapFit] = field(default_factory=dict)  # full description incl. sink maps
+    choices: list[dict] = field(default_factory=list)  # what auto / ridge selection chose and why
+    statistics: str = "computed"  # "reused": its calibration statistics came from the cache, no forward pass

@@ -19,9 +19,9 @@ instead, so the logits are unchanged and the checkpoint stays tied (no extra par
 
 Several gaps are compensated one after the other, from the first: each scale is measured on the
 model already pruned and compensated upstream (the gap's own layers still present), as the
-paper's loop always measures on the current model. ``iterative_select`` is the paper's
-prune-and-compensate loop as a selection rule: remove one layer at a time by any base criterion,
-compensate, re-score the compensated model.
+paper's loop always measures on the current model. The paper's prune-and-compensate loop as a
+selection rule (remove one layer at a time by any base criterion, compensate, re-score the compensated
+model) is ``ghosted.selection.iterative``.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ghosted.arch import embedding_of, head_of, layers_of, num_layers, spec_for, stack_of
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats, gaps_of
-from ghosted.capture import private_submodule
-from ghosted.pruning import build_variant, format_layers, original_indices
-from ghosted.stats import BoundaryStats
+from ghosted.models.architecture import embedding_of, head_of, layers_of, num_layers, spec_for, stack_of
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, gaps_of
+from ghosted.models.capture import private_submodule
+from ghosted.models.pruning import build_variant, original_indices
+from ghosted.calibration.stats import BoundaryStats
 
 # What writes into the residual stream, per family: embeddings (paths in the layer stack) and the
 # output of each branch (paths in a decoder layer). Families whose branches end in a norm scale
@@ -135,39 +135,3 @@ def prunecomp(model: nn.Module, dropped: list[int], windows, config: Calibration
         positions = [original_indices(current).index(layer) for layer in gap.layers]
         current = compensate(current, positions, scales[gap])
     return current, scales, measured
-
-
-def iterative_select(source, metric: str, n: int, windows=None, heldout=None, config=None,
-                     calibration: CalibrationConfig | None = None) -> tuple[list[int], str]:
-    """Prune&Comp's loop on top of any criterion: n times, score the current (compensated) model with
-    ``metric``, remove the one layer it picks, measure and fuse its scale. Layers are original indices.
-    """
-    from ghosted.selection import _default_windows, select
-
-    model, tokenizer = (source.model, source.tokenizer) if hasattr(source, "tokenizer") else (source, None)
-    if windows is None:
-        if tokenizer is None:
-            raise ValueError("prunecomp selection on a bare model needs calibration windows (windows=...).")
-        windows, heldout = _default_windows(tokenizer)
-    current, removed, steps = model, [], []
-    for _ in range(n):
-        picked, _reason = select(current, metric, 1, windows, heldout, config)
-        position = picked[0]
-        layer = original_indices(current)[position]
-        stats = collect_stats(current, windows, [Gap(layer, _next_layer(current, position))],
-                              replace(calibration or CalibrationConfig(), replaceme=False, reservoir_tokens=0),
-                              show_tqdm=False)
-        scale = magnitude_scale(next(iter(stats.values())))
-        current = compensate(current, [position], scale)
-        removed.append(layer)
-        steps.append(f"{layer} (scale {scale:.4f})")
-    reason = (f"prunecomp:{metric} (Prune&Comp's iterative loop): {n} rounds, each removing the layer "
-              f"{metric} picks on the model compensated so far, then fusing its magnitude scale: "
-              f"{', '.join(steps)}; layers {format_layers(removed)}.")
-    return sorted(removed), reason
-
-
-def _next_layer(model: nn.Module, position: int) -> int:
-    """Original index of the stream after ``position``: the next kept layer, or the end."""
-    kept = original_indices(model)
-    return kept[position + 1] if position + 1 < len(kept) else kept[-1] + 1

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ghosted import solve
-from ghosted.guards import check_eps
-from ghosted.sinks import SinkMap, fit_sink_map
-from ghosted.stats import BoundaryStats
+from ghosted.recovery import solvers as solve
+from ghosted.core.guards import check_eps
+from ghosted.calibration.sinks import SinkMap, fit_sink_map
+from ghosted.calibration.stats import BoundaryStats
 
 RIDGE_GRID = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)  # × mean eigenvalue of the non-sink XᵀX
 
@@ -65,7 +65,7 @@ def _sink_map(stats: BoundaryStats, heldout: BoundaryStats | None, kind: str) ->
     """Constant substitution, or an affine map whose ridge is picked on held-out sink tokens."""
     if kind == "constant" or heldout is None or heldout.sink is None:
         return fit_sink_map(stats.sink_only(), kind)
-    from ghosted.sinks import sink_map_error
+    from ghosted.calibration.sinks import sink_map_error
 
     maps = [fit_sink_map(stats.sink_only(), "affine", ridge=r) for r in (0.1, 1.0, 10.0, 100.0)]
     return min(maps, key=lambda m: sink_map_error(heldout.sink_only(), m))

@@ -13,10 +13,10 @@ from typing import Literal
 
 import torch
 
-from ghosted.guards import (FLOAT16_HINT, IllConditionedFitWarning, NonFiniteError, check_eps, gap_label,
-                            ill_conditioned_message)
-from ghosted.hadamard import normalized_hadamard
-from ghosted.stats import BoundaryStats
+from ghosted.core.guards import (FLOAT16_HINT, IllConditionedFitWarning, NonFiniteError, check_eps, gap_label,
+                                 ill_conditioned_message)
+from ghosted.core.hadamard import normalized_hadamard
+from ghosted.calibration.stats import BoundaryStats
 
 _SINGULAR_RCOND = 1e-12  # λ_min/λ_max below which mᵀm is treated as singular (σ ratio 1e-6)
 
@@ -29,7 +29,7 @@ def ghost_operator(stats: BoundaryStats, eps: float = 1e-6,
     "pinv": M = X⁺Δ, minimum-norm, with singular values of X below rcond·σ_max cut.
     Both act as the identity on directions the calibration never excites (exactly for pinv).
     A non-finite or negative ``eps``, non-finite statistics, or a non-finite result raise a
-    ValueError naming the gap (see ``ghosted.guards``).
+    ValueError naming the gap (see ``ghosted.core.guards``).
     """
     eps = check_eps(eps)
     if solver not in ("solve", "pinv"):

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ghosted.arch import hidden_of, layers_of, num_layers
-from ghosted.calibration import Gap
-from ghosted.capture import StopForward, input_device, tap
-from ghosted.operators import FFNOperator
-from ghosted.pruning import build_variant
+from ghosted.models.architecture import hidden_of, layers_of, num_layers
+from ghosted.calibration.collect import Gap
+from ghosted.models.capture import StopForward, input_device, tap
+from ghosted.operators.modules import FFNOperator
+from ghosted.models.pruning import build_variant
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 

@@ -6,9 +6,9 @@ A block (start, n) removes layers start .. start+n-1; its similarity criteria co
 ``start`` and ``end = start + n``.
 
 All similarity criteria and the recoverability score come from ONE forward pass over the calibration
-windows (``ghosted.influence_pass``); padding never counts. Criteria that run the model once per
+windows (``ghosted.selection.sums``); padding never counts. Criteria that run the model once per
 candidate layer (removal perplexity, SLEB) or need a backward pass (Taylor+) live in
-``ghosted.influence_removal``. Choosing layers from a report is ``ghosted.selection.select``.
+``ghosted.selection.removal``. Choosing layers from a report is ``ghosted.selection.rules.select``.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ghosted import influence_removal as removal
-from ghosted.arch import hidden_size, num_layers
-from ghosted.capture import tap
-from ghosted.influence_pass import (GramSums, SimilaritySums, TokenWeightedSums, gram_bytes, recoverability,
+from ghosted.selection import removal
+from ghosted.models.architecture import hidden_size, num_layers
+from ghosted.models.capture import tap
+from ghosted.selection.sums import (GramSums, SimilaritySums, TokenWeightedSums, gram_bytes, recoverability,
                                     stack_boundaries)
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)

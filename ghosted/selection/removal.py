@@ -6,7 +6,7 @@
   storage, new tensor objects), so the given model's ``requires_grad`` and ``.grad`` never change.
 - SLEB: remove, step by step, the layer whose removal gives the lowest calibration NLL; the first and
   the last layer still alive are never candidates (as in SLEB's code).
-Every removed layer is skipped exactly as ``ghosted.pruning.build_variant`` removes it.
+Every removed layer is skipped exactly as ``ghosted.models.pruning.build_variant`` removes it.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ghosted.arch import layers_of, num_layers, spec_for
-from ghosted.capture import input_device
-from ghosted.evaluation import perplexity
-from ghosted.pruning import build_variant, shallow_clone
-from ghosted.text import TokenWindows
+from ghosted.models.architecture import layers_of, num_layers, spec_for
+from ghosted.models.capture import input_device
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.models.pruning import build_variant, shallow_clone
+from ghosted.data.windows import TokenWindows
 
 Progress = Callable[[str, int, int], None]  # (stage, done, total)
 

@@ -16,9 +16,9 @@ import numbers
 
 import pandas as pd
 
-from ghosted.layer_influence import (CRITERIA, ITERATIVE, InfluenceConfig, InfluenceReport, influence,
-                                     resolve_criterion)
-from ghosted.pruning import format_layers
+from ghosted.selection.criteria import (CRITERIA, ITERATIVE, InfluenceConfig, InfluenceReport, influence,
+                                        resolve_criterion)
+from ghosted.models.pruning import format_layers
 
 _TAYLOR_PLUS_FIRST, _TAYLOR_PLUS_LAST = 4, 2  # Shortened-LLaMA keeps layers 0-3 and the last two
 
@@ -45,10 +45,10 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
 
     ``metric`` is a criterion of ``CRITERIA`` or an alias (``shortgpt``, ``bi``, ``streamline``, ``angular``,
     ``ppl``, ``taylor+``). ``source`` is an ``InfluenceReport``, or a model (``nn.Module`` with ``windows``, or a
-    ``metric`` may also be ``"prunecomp:<criterion>"``: Prune&Comp's loop, n rounds of removing the one
-    layer the criterion picks and compensating (``ghosted.prunecomp.iterative_select``; needs a model).
     ``LoadedModel``, which defaults to 32 + 8 windows of 256 tokens of bundled news) on which only
     this criterion is computed.
+    ``metric`` may also be ``"prunecomp:<criterion>"``: Prune&Comp's loop, n rounds of removing the one
+    layer the criterion picks and compensating (``ghosted.selection.iterative.iterative_select``; needs a model).
 
     Example:
         >>> layers, reason = select(report, "recoverability", 7)
@@ -60,8 +60,12 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
     if n < 1:  # before any forward pass on a model source
         raise ValueError(f"n (how many layers to remove) must be at least 1; got {n}.")
     if metric.startswith(ITERATIVE):  # Prune&Comp's iterative prune-and-compensate loop
-        from ghosted.prunecomp import iterative_select
-        return iterative_select(source, metric[len(ITERATIVE):], n, windows, heldout, config)
+        from ghosted.selection.iterative import iterative_select
+
+        base = metric[len(ITERATIVE):]
+        model, windows, heldout = _model_and_windows(source, windows, heldout, "prunecomp selection")
+        return iterative_select(model, base, n, windows,
+                                lambda current: select(current, base, 1, windows, heldout, config))
     report = source if isinstance(source, InfluenceReport) else _report_for(source, metric, n, windows,
                                                                               heldout, config)
     if not 1 <= n <= report.num_layers - 1:
@@ -73,12 +77,19 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
     return _select_layers(report, metric, n)
 
 
-def _report_for(source, metric: str, n: int, windows, heldout, config) -> InfluenceReport:
+def _model_and_windows(source, windows, heldout, what: str):
+    """(model, windows, held-out windows) of a model source; a ``LoadedModel`` without windows gets the
+    default calibration draw, a bare model must come with windows (``what`` names the caller in the error)."""
     model, tokenizer = (source.model, source.tokenizer) if hasattr(source, "tokenizer") else (source, None)
     if windows is None:
         if tokenizer is None:
-            raise ValueError("Selecting on a bare model needs calibration windows (windows=...).")
+            raise ValueError(f"{what} on a bare model needs calibration windows (windows=...).")
         windows, heldout = _default_windows(tokenizer)
+    return model, windows, heldout
+
+
+def _report_for(source, metric: str, n: int, windows, heldout, config) -> InfluenceReport:
+    model, windows, heldout = _model_and_windows(source, windows, heldout, "Selecting")
     base = config or InfluenceConfig()
     cfg = InfluenceConfig(**{**vars(base), "metrics": [metric], "n_values": [n], "recoverability_n_values": None,
                              "sleb_steps": n if metric == "sleb" else base.sleb_steps})
@@ -86,8 +97,7 @@ def _report_for(source, metric: str, n: int, windows, heldout, config) -> Influe
 
 
 def _default_windows(tokenizer):
-    from ghosted.pipeline import split_calibration
-    from ghosted.text import calibration_windows
+    from ghosted.data.windows import calibration_windows, split_calibration
 
     return split_calibration(calibration_windows(tokenizer, "bundled:news", 40, 256, 0), 8)
 

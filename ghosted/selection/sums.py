@@ -21,8 +21,8 @@ import math
 
 import torch
 
-from ghosted.solve import ghost_operator, relative_error, stream_error
-from ghosted.stats import BoundaryStats
+from ghosted.recovery.solvers import ghost_operator, relative_error, stream_error
+from ghosted.calibration.stats import BoundaryStats
 
 _NORM_FLOOR = 1e-8  # torch.cosine_similarity's eps: guards the cosine of an all-zero vector
 

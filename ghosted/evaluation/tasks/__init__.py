@@ -7,4 +7,4 @@ bundled tasks exactly as it runs its own; ``BUNDLED_TASKS`` names them (they nee
 from pathlib import Path
 
 TASKS_DIR = Path(__file__).resolve().parent  # the folder lm-eval indexes for the bundled tasks
-BUNDLED_TASKS = ("bundled-lastword",)  # offline tasks defined here (ghosted.lastword)
+BUNDLED_TASKS = ("bundled-lastword",)  # offline tasks defined here (ghosted.evaluation.lastword)

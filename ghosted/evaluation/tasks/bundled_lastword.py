@@ -5,7 +5,7 @@ def load(**kwargs):
     """{"test": Dataset} of every example (lm-eval passes the task's metadata as keyword arguments)."""
     import datasets
 
-    from ghosted.lastword import examples
+    from ghosted.evaluation.lastword import examples
 
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(examples())})
 

@@ -1,4 +1,4 @@
-"""Spectra, asymmetry and error frames computed from statistics match direct computations."""
+"""Spectra and asymmetry computed from statistics match direct computations."""
 from __future__ import annotations
 
 import math
@@ -6,15 +6,9 @@ import math
 import numpy as np
 import torch
 
-from ghosted.analysis import (
-    antisymmetric_share,
-    delta_spectrum,
-    error_frame,
-    residual_spectrum,
-    spectra_frame,
-)
-from ghosted.solve import ghost_operator, linearpatch_operator, replaceme_ls
-from ghosted.stats import BoundaryAccumulator, BoundaryStats
+from ghosted.recovery.diagnostics import antisymmetric_share, delta_spectrum, residual_spectrum
+from ghosted.recovery.solvers import ghost_operator, replaceme_ls
+from ghosted.calibration.stats import BoundaryAccumulator, BoundaryStats
 
 D = 8
 
@@ -66,39 +60,3 @@ def test_antisymmetric_share_extremes():
     mixed = antisymmetric_share(a)
     assert math.isclose(mixed["energy_ratio"], mixed["norm_ratio"] ** 2)
     assert math.isnan(antisymmetric_share(torch.zeros(D, D))["norm_ratio"])
-
-
-def operators(stats: BoundaryStats) -> dict:
-    return {
-        "ghost": ("stream", ghost_operator(stats)),
-        "linearpatch": ("stream", linearpatch_operator(stats, rotate=True)),
-        "replaceme_ls": ("mlp", replaceme_ls(stats)),
-    }
-
-
-def test_spectra_frame_is_tidy():
-    stats, _ = boundary()
-    frame = spectra_frame(stats, operators(stats))
-    assert list(frame.columns) == ["boundary", "method", "index", "singular_value"]
-    assert len(frame) == 4 * D  # pruned + three methods
-    assert set(frame["boundary"]) == {"23-30"}
-    pruned = frame[frame["method"] == "pruned"]["singular_value"].to_numpy()
-    np.testing.assert_allclose(pruned, delta_spectrum(stats))
-
-
-def test_error_frame_fit_and_heldout():
-    fit, _ = boundary(seed=0)
-    heldout, _ = boundary(seed=9)  # same boundary, other tokens
-    frame = error_frame(fit, heldout, operators(fit))
-    columns = ["boundary", "method", "split", "error", "relative_error", "removed_fraction"]
-    assert list(frame.columns) == columns
-    assert len(frame) == 2 * 4  # two splits × (pruned + three methods)
-    pruned = frame[frame["method"] == "pruned"]
-    np.testing.assert_allclose(pruned["relative_error"], 1.0)
-    np.testing.assert_allclose(frame["removed_fraction"], 1.0 - frame["relative_error"])
-    fit_rows = frame[frame["split"] == "fit"].set_index("method")["error"]
-    assert fit_rows["ghost"] <= fit_rows.min() * (1 + 1e-9)
-    heldout_rows = frame[frame["split"] == "heldout"].set_index("method")
-    assert heldout_rows.loc["ghost", "removed_fraction"] > 0.5  # generalises to new tokens
-    only_fit = error_frame(fit, None, operators(fit), include_pruned=False)
-    assert set(only_fit["split"]) == {"fit"} and len(only_fit) == 3

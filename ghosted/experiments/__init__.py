@@ -1,0 +1,1 @@
+"""Experiments: the validated settings, one run, the grid of runs and the deployment limits."""
