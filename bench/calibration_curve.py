@@ -5,7 +5,7 @@ The bundled model without layers 12-18, recovered on the first N tokens of the c
 smaller sets are prefixes of the larger) with the same held-out windows for every size (the last
 windows of the largest draw, disjoint from every fit set). The statistics stream, so a larger set
 costs forward-pass time, not memory. Every model is scored in one shared-prefix pass
-(``shared_eval.perplexities``) on the evaluation text (default bundled:news, read whole: it is not
+(``shared_prefix.perplexities``) on the evaluation text (default bundled:news, read whole: it is not
 the calibration text).
 
 Command: ``python -m bench.calibration_curve [--drop 12-18] [--sizes 2048,...,131072] [--seq-len 128]

@@ -4,7 +4,7 @@ The bundled model without layers 12-18, recovered by ``ghost-lowrank`` at ranks 
 d/2 and d (plus ``none`` and the full ``ghost`` for reference), all fitted on the same statistics:
 the first ``recover`` call computes them into a temporary statistics cache and every other rank
 reuses them (one calibration pass). Every model is scored in one shared-prefix pass
-(``shared_eval.perplexities``). "parameters added" counts the operator's parameters: 2·d·R per gap
+(``shared_prefix.perplexities``). "parameters added" counts the operator's parameters: 2·d·R per gap
 for a rank-R ghost, d² for ``ghost``. At R = d the low-rank optimum is the full ghost fit.
 
 Command: ``python -m bench.rank_curve [--drop 12-18] [--calib-seqs 32] [--seq-len 128] [--heldout 8]

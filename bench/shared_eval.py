@@ -2,7 +2,7 @@
 
 The bundled model with layers 20-26 removed (a Streamline-like block), recovered by ``none``,
 ``ghost``, ``replaceme-ls``, ``linearpatch-diag`` and ``linearpatch-rotate``. The five models share
-layers 0-18 (layer 19 carries the patches), so ``shared_eval.perplexities`` runs those once per
+layers 0-18 (layer 19 carries the patches), so ``shared_prefix.perplexities`` runs those once per
 batch and then five 4-layer suffixes, where the plain way runs five 23-layer models. The two ways are
 timed in turn and their perplexities are checked to be identical.
 

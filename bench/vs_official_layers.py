@@ -7,7 +7,7 @@ operator per removed layer (gap [i, i+1)). Both fit all seven on the same window
     pass of the whole model per sequence (batch 1), every token entering layers i and i+1 stacked
     as float32, float64 solve; seven passes in all;
   * ``ghosted, batch 4``: one ``collect_stats`` pass for all seven gaps (float64 XᵀX, XᵀΔ streamed,
-    stopping after the deepest boundary) + ``solve.ghost_operator`` per gap (same ε = 1e-6).
+    stopping after the deepest boundary) + ``solvers.ghost_operator`` per gap (same ε = 1e-6).
 Each contender runs in a fresh process per round (``in_child``); contenders alternate; the report
 gives ours / theirs per round (median) and the largest relative difference between the operators.
 

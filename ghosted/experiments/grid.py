@@ -6,7 +6,7 @@ ShortGPT) and pruning ratios (7 and 11 of 32 layers). This module runs the same 
   1. one calibration draw (fit + held-out windows) serves everything;
   2. one influence pass scores every criterion for every n, then each (criterion, n) picks its layers;
   3. per distinct layer set, one ``recover`` call fits every method from a single calibration pass;
-  4. per evaluation text, ``shared_eval.perplexities`` scores all recovered models, sharing the
+  4. per evaluation text, ``shared_prefix.perplexities`` scores all recovered models, sharing the
      layers before the first patched one; the dense model is scored once per text.
 
 ``GridResult.frame`` is tidy (one row per setting x method x text); ``markdown()`` renders the table

@@ -1,6 +1,6 @@
 """Recovery operators beyond a dense d x d map: a low-rank correction and a trained FFN block.
 
-Both act on the residual stream like ``patch.StreamOperator`` (h -> f(h), attached by the same
+Both act on the residual stream like ``sites.StreamOperator`` (h -> f(h), attached by the same
 hooks at the same sites), and both know how to save and rebuild themselves, so ``ghosted.operators.checkpoint``
 stores them next to the dense operators without knowing their insides:
 
@@ -69,7 +69,7 @@ class LowRankOperator(nn.Module):
 class RobustLowRankOperator(LowRankOperator):
     """h -> h + (h·U)·V for ordinary tokens; sink tokens get their own map (``ghost-lowrank-robust``).
 
-    The sinks are found and mapped exactly as by ``patch.RobustStreamOperator`` (shared context).
+    The sinks are found and mapped exactly as by ``sites.RobustStreamOperator`` (shared context).
     """
 
     kind = "robust-lowrank"

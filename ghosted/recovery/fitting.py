@@ -203,7 +203,7 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
             show_tqdm: bool = True, cache=None) -> RecoveryRun:
     """Prune ``drop`` from ``model`` and fit each method in ``methods`` on ``calib_windows``.
 
-    ``cache`` (``True`` or a ``stats_cache.StatsCache``) reuses calibration statistics saved by an
+    ``cache`` (``True`` or a ``cache.StatsCache``) reuses calibration statistics saved by an
     earlier call with the same model, windows, gaps and settings, and saves new ones.
 
     Example:

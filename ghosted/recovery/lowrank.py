@@ -34,7 +34,7 @@ def lowrank_factors(stats: BoundaryStats, rank: int, eps: float = 1e-6, solver: 
                     rcond: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """The optimal rank-``rank`` correction M = U·V, float64: (U (d, R), V (R, d)).
 
-    ``eps``, ``solver`` and ``rcond`` are those of ``solve.ghost_operator`` (which gives M_full).
+    ``eps``, ``solver`` and ``rcond`` are those of ``solvers.ghost_operator`` (which gives M_full).
     """
     if not 1 <= rank <= stats.dim:
         raise ValueError(f"--rank must be in 1..{stats.dim} (the hidden size); got {rank}.")

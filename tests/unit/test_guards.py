@@ -176,7 +176,7 @@ def test_one_warning_per_gap_however_many_ghost_methods():
     ours = [str(w.message) for w in caught if issubclass(w.category, IllConditionedFitWarning)]
     assert len(ours) == 2 and "[1, 2)" in ours[0] and "[3, 4)" in ours[1]
     assert run.warnings == ours
-    assert not [w for w in caught if w.filename.endswith(("recover.py", "solve.py"))]  # points at the caller
+    assert not [w for w in caught if w.filename.endswith(("fitting.py", "solvers.py"))]  # points at the caller
 
 
 def test_enough_tokens_do_not_warn():
