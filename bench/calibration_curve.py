@@ -27,10 +27,9 @@ from bench._common import ensure_path, load_bundled, table, write_reproduction_s
 
 ensure_path()
 
-from ghosted.data.windows import split_calibration  # noqa: E402
+from ghosted.data.windows import TokenWindows, calibration_windows, evaluation_windows, split_calibration  # noqa: E402
 from ghosted.recovery.fitting import recover  # noqa: E402
 from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
-from ghosted.data.windows import TokenWindows, calibration_windows, evaluation_windows  # noqa: E402
 
 METHODS = ["ghost", "ghost-auto"]
 

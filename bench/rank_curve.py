@@ -28,11 +28,10 @@ from bench._common import ensure_path, load_bundled, table, write_reproduction_s
 
 ensure_path()
 
-from ghosted.data.windows import split_calibration  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows, split_calibration  # noqa: E402
 from ghosted.recovery.fitting import RecoveryConfig, recover  # noqa: E402
 from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
 from ghosted.calibration.cache import StatsCache  # noqa: E402
-from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 
 
 def curve_ranks(dim: int) -> list[int]:

@@ -5,9 +5,8 @@ import streamlit as st
 
 from ghosted.models.architecture import num_layers
 from ghosted.selection.criteria import CRITERIA, InfluenceConfig, InfluenceReport, influence
-from ghosted.data.windows import split_calibration
+from ghosted.data.windows import calibration_windows, split_calibration
 from ghosted.selection.rules import select
-from ghosted.data.windows import calibration_windows
 from pages import _charts, _text, _ui
 
 RECOVERABILITY = ("recoverability", "recoverability_heldout")  # Gram blocks: computed for chosen n only

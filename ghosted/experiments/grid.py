@@ -36,14 +36,12 @@ from ghosted.experiments import validate
 from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.calibration.collect import CalibrationConfig
 from ghosted.evaluation.perplexity import perplexity
-from ghosted.models.loading import LoadedModel, load_model
+from ghosted.models.loading import LoadedModel, load_model, versions
 from ghosted.experiments.run import result_entry
-from ghosted.data.windows import split_calibration
-from ghosted.models.loading import versions
+from ghosted.data.windows import TokenWindows, calibration_windows, capped_evaluation_windows, split_calibration
 from ghosted.models.pruning import format_layers
 from ghosted.recovery.fitting import BRANCH_METHODS, METHODS, RecoveryConfig, recover
 from ghosted.evaluation.shared_prefix import perplexities
-from ghosted.data.windows import TokenWindows, calibration_windows, capped_evaluation_windows
 
 Progress = Callable[[str], None]  # one line per stage
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
