@@ -27,7 +27,7 @@ RUN PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/instal
 
 COPY --chown=user . .
 
-# Public-demo limits (ghosted/deploy.py), no network at run time, two CPU threads for 2 vCPU.
+# Public-demo limits (ghosted/experiments/deploy.py), no network at run time, two CPU threads for 2 vCPU.
 ENV GHOSTED_DEMO=1 \
     HF_HUB_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 \
@@ -38,8 +38,8 @@ ENV GHOSTED_DEMO=1 \
 
 # Convert the bundled GGUF and clean the bundled texts now (CPU only, ~30 s) rather than on the
 # first visit after every restart: the converted copy lives in ~/.cache/ghosted inside the image.
-RUN python -c "from ghosted.loading import load_model; \
-from ghosted.text import calibration_windows, evaluation_windows; \
+RUN python -c "from ghosted.models.loading import load_model; \
+from ghosted.data.windows import calibration_windows, evaluation_windows; \
 lm = load_model(device='cpu'); \
 calibration_windows(lm.tokenizer, 'bundled:news', 8, 128); \
 evaluation_windows(lm.tokenizer, 'bundled:wiki', 1024, 256); \

@@ -193,7 +193,7 @@ def load_bundled(warm_up: bool = True):
     ``warm_up`` runs one short pass, which faults every weight page in (safetensors maps the file
     lazily) so neither the first timed contender nor a peak-memory reading pays for reading them.
     """
-    from ghosted.loading import load_model
+    from ghosted.models.loading import load_model
 
     lm = load_model(device="cpu")
     if warm_up:

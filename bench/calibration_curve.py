@@ -5,7 +5,7 @@ The bundled model without layers 12-18, recovered on the first N tokens of the c
 smaller sets are prefixes of the larger) with the same held-out windows for every size (the last
 windows of the largest draw, disjoint from every fit set). The statistics stream, so a larger set
 costs forward-pass time, not memory. Every model is scored in one shared-prefix pass
-(``shared_eval.perplexities``) on the evaluation text (default bundled:news, read whole: it is not
+(``shared_prefix.perplexities``) on the evaluation text (default bundled:news, read whole: it is not
 the calibration text).
 
 Command: ``python -m bench.calibration_curve [--drop 12-18] [--sizes 2048,...,131072] [--seq-len 128]
@@ -27,10 +27,9 @@ from bench._common import ensure_path, load_bundled, table, write_reproduction_s
 
 ensure_path()
 
-from ghosted.pipeline import split_calibration  # noqa: E402
-from ghosted.recover import recover  # noqa: E402
-from ghosted.shared_eval import perplexities  # noqa: E402
-from ghosted.text import TokenWindows, calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.data.windows import TokenWindows, calibration_windows, evaluation_windows, split_calibration  # noqa: E402
+from ghosted.recovery.fitting import recover  # noqa: E402
+from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
 
 METHODS = ["ghost", "ghost-auto"]
 
@@ -44,7 +43,7 @@ def first_windows(windows: TokenWindows, n: int) -> TokenWindows:
 
 def calibration_tokens(tokenizer, source: str) -> int:
     """Tokens in the calibration part of ``source`` (what bounds the largest size)."""
-    from ghosted.text import _part_ids
+    from ghosted.data.sources import _part_ids
 
     return _part_ids(tokenizer, source, "calibration")[0].numel()
 

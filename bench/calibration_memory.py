@@ -31,8 +31,8 @@ from bench._common import ensure_path, in_child, load_bundled, measured, table, 
 ensure_path()
 
 from bench.reference_official import official_ghost_operator  # noqa: E402
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 GAP = Gap(20, 27)
 SIZES = (1, 4, 16)  # multiples of the base calibration size

@@ -28,9 +28,9 @@ ensure_path()
 
 import torch  # noqa: E402
 
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.capture import tap  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.models.capture import tap  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 GHOST_ONLY = CalibrationConfig(replaceme=False, linearpatch=False, reservoir_tokens=0)  # XᵀX, XᵀΔ only
 

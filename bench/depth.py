@@ -23,8 +23,8 @@ from bench._common import ensure_path, load_bundled, median, ratio, round_robin,
 ensure_path()
 
 from bench.calibration_speed import whole_model  # noqa: E402
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

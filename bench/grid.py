@@ -1,6 +1,6 @@
 """Regenerate the table of docs/REPRODUCTION.md from the reproduction grid.
 
-Runs ``ghosted.grid.run_grid`` with the defaults of ``python -m ghosted grid`` (or reads a grid.json
+Runs ``ghosted.experiments.grid.run_grid`` with the defaults of ``python -m ghosted grid`` (or reads a grid.json
 that command already wrote, ``--from DIR``), writes grid.csv / grid.md / grid.json to ``--out-dir``,
 and replaces the block between ``<!-- grid:table -->`` and ``<!-- /grid:table -->`` in
 docs/REPRODUCTION.md with the tables, the protocol, the layers each criterion chose and the wall time.
@@ -27,7 +27,7 @@ ensure_path()
 import pandas as pd  # noqa: E402
 
 from ghosted.core.progress import TqdmProgress  # noqa: E402
-from ghosted.grid import GridConfig, GridResult, run_grid  # noqa: E402
+from ghosted.experiments.grid import GridConfig, GridResult, run_grid  # noqa: E402
 
 DOC = ROOT / "docs" / "REPRODUCTION.md"
 

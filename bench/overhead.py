@@ -24,9 +24,9 @@ ensure_path()
 
 import torch  # noqa: E402
 
-from ghosted.patch import operators_of  # noqa: E402
-from ghosted.recover import recover  # noqa: E402
-from ghosted.text import calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.operators.sites import operators_of  # noqa: E402
+from ghosted.recovery.fitting import recover  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 
 
 def forward(model, ids: torch.Tensor):

@@ -4,7 +4,7 @@ The bundled model without layers 12-18, recovered by ``ghost-lowrank`` at ranks 
 d/2 and d (plus ``none`` and the full ``ghost`` for reference), all fitted on the same statistics:
 the first ``recover`` call computes them into a temporary statistics cache and every other rank
 reuses them (one calibration pass). Every model is scored in one shared-prefix pass
-(``shared_eval.perplexities``). "parameters added" counts the operator's parameters: 2·d·R per gap
+(``shared_prefix.perplexities``). "parameters added" counts the operator's parameters: 2·d·R per gap
 for a rank-R ghost, d² for ``ghost``. At R = d the low-rank optimum is the full ghost fit.
 
 Command: ``python -m bench.rank_curve [--drop 12-18] [--calib-seqs 32] [--seq-len 128] [--heldout 8]
@@ -28,11 +28,10 @@ from bench._common import ensure_path, load_bundled, table, write_reproduction_s
 
 ensure_path()
 
-from ghosted.pipeline import split_calibration  # noqa: E402
-from ghosted.recover import RecoveryConfig, recover  # noqa: E402
-from ghosted.shared_eval import perplexities  # noqa: E402
-from ghosted.stats_cache import StatsCache  # noqa: E402
-from ghosted.text import calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows, split_calibration  # noqa: E402
+from ghosted.recovery.fitting import RecoveryConfig, recover  # noqa: E402
+from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
+from ghosted.calibration.cache import StatsCache  # noqa: E402
 
 
 def curve_ranks(dim: int) -> list[int]:

@@ -23,8 +23,8 @@ import copy
 import torch
 from torch import nn
 
-from ghosted.arch import layers_of, num_layers
-from ghosted.pruning import build_variant
+from ghosted.models.architecture import layers_of, num_layers
+from ghosted.models.pruning import build_variant
 
 
 class _Recorder:

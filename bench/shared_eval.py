@@ -2,7 +2,7 @@
 
 The bundled model with layers 20-26 removed (a Streamline-like block), recovered by ``none``,
 ``ghost``, ``replaceme-ls``, ``linearpatch-diag`` and ``linearpatch-rotate``. The five models share
-layers 0-18 (layer 19 carries the patches), so ``shared_eval.perplexities`` runs those once per
+layers 0-18 (layer 19 carries the patches), so ``shared_prefix.perplexities`` runs those once per
 batch and then five 4-layer suffixes, where the plain way runs five 23-layer models. The two ways are
 timed in turn and their perplexities are checked to be identical.
 
@@ -23,10 +23,10 @@ from bench._common import ensure_path, load_bundled, median, ratio, round_robin,
 
 ensure_path()
 
-from ghosted.arch import head_of, layer_param_count, num_layers  # noqa: E402
-from ghosted.recover import recover  # noqa: E402
-from ghosted.shared_eval import perplexities, shared_prefix_length  # noqa: E402
-from ghosted.text import calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.models.architecture import head_of, layer_param_count, num_layers  # noqa: E402
+from ghosted.recovery.fitting import recover  # noqa: E402
+from ghosted.evaluation.shared_prefix import perplexities, shared_prefix_length  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 
 METHODS = ["none", "ghost", "replaceme-ls", "linearpatch-diag", "linearpatch-rotate"]
 

@@ -2,7 +2,7 @@
 
 Synthetic statistics at d = 576 (SmolLM2) .. 4096 (Llama-3-8B): XᵀX = diag(λ) + BBᵀ with λ spread
 over six orders of magnitude and a few massive channels (like a real residual stream), B of rank 64,
-XᵀΔ random. Timed: ``solve.ghost_operator(stats, solver="solve")`` (LU solve of d right-hand sides)
+XᵀΔ random. Timed: ``solvers.ghost_operator(stats, solver="solve")`` (LU solve of d right-hand sides)
 and ``solver="pinv"`` (eigendecomposition, cutoff 1e-6·σ_max), both float64, in turn at each width.
 Both are O(d³); the ratio tells what the exact minimum-norm variant costs.
 
@@ -26,7 +26,7 @@ ensure_path()
 
 import torch  # noqa: E402
 
-from ghosted.solve import ghost_operator  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator  # noqa: E402
 
 
 def synthetic_stats(d: int, seed: int = 0) -> SimpleNamespace:

@@ -28,10 +28,9 @@ ensure_path()
 
 import torch  # noqa: E402
 
-from ghosted.pipeline import split_calibration  # noqa: E402
-from ghosted.recover import recover  # noqa: E402
-from ghosted.stats_cache import StatsCache  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.data.windows import calibration_windows, split_calibration  # noqa: E402
+from ghosted.recovery.fitting import recover  # noqa: E402
+from ghosted.calibration.cache import StatsCache  # noqa: E402
 
 METHODS = ["none", "ghost"]
 

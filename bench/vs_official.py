@@ -4,7 +4,7 @@ Both fit the ghost operator of gap [20, 27) of the bundled model on the same win
   * ``official approach`` (``bench.reference_official``): whole model per sequence (batch 1), every
     token of both boundaries stacked as float32 on the CPU, float64 solve;
   * ``ghosted, batch 1`` and ``ghosted, batch 4``: ``collect_stats`` (float64 XᵀX, XᵀΔ streamed, the
-    pass stops after layer 26) + ``solve.ghost_operator`` (same ε = 1e-6, absolute).
+    pass stops after layer 26) + ``solvers.ghost_operator`` (same ε = 1e-6, absolute).
 Each contender runs in a fresh process per round (``in_child``), which loads and warms up the model,
 then reads seconds and peak RSS growth of the fit alone (``measured``); contenders alternate.
 
@@ -28,9 +28,9 @@ ensure_path()
 import torch  # noqa: E402
 
 from bench.reference_official import official_ghost_operator, stack_bytes  # noqa: E402
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.solve import ghost_operator  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 GAP = Gap(20, 27)
 OFFICIAL = "official approach"

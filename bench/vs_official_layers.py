@@ -7,7 +7,7 @@ operator per removed layer (gap [i, i+1)). Both fit all seven on the same window
     pass of the whole model per sequence (batch 1), every token entering layers i and i+1 stacked
     as float32, float64 solve; seven passes in all;
   * ``ghosted, batch 4``: one ``collect_stats`` pass for all seven gaps (float64 XᵀX, XᵀΔ streamed,
-    stopping after the deepest boundary) + ``solve.ghost_operator`` per gap (same ε = 1e-6).
+    stopping after the deepest boundary) + ``solvers.ghost_operator`` per gap (same ε = 1e-6).
 Each contender runs in a fresh process per round (``in_child``); contenders alternate; the report
 gives ours / theirs per round (median) and the largest relative difference between the operators.
 
@@ -31,11 +31,11 @@ ensure_path()
 import torch  # noqa: E402
 
 from bench.reference_official import official_ghost_operator  # noqa: E402
-from ghosted.arch import num_layers  # noqa: E402
-from ghosted.calibration import CalibrationConfig, collect_stats, gaps_of  # noqa: E402
-from ghosted.selection import select  # noqa: E402
-from ghosted.solve import ghost_operator  # noqa: E402
-from ghosted.text import calibration_windows  # noqa: E402
+from ghosted.models.architecture import num_layers  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, collect_stats, gaps_of  # noqa: E402
+from ghosted.selection.rules import select  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator  # noqa: E402
+from ghosted.data.windows import calibration_windows  # noqa: E402
 
 OFFICIAL = "official approach (one pass per layer)"
 OURS = "ghosted, one pass, batch 4"

@@ -13,20 +13,20 @@ The functions a notebook needs, in the order one uses them::
     lm2 = ghosted.load("out")                             # the same model back
 
 Nothing heavy is imported until a function is called. The modules behind these functions have
-names of their own (``ghosted.calibration``, ``ghosted.layer_influence``, ``ghosted.pruning``,
-``ghosted.evaluation``, ``ghosted.generation``), so ``ghosted.prune`` is always the function.
+names of their own (``ghosted.calibration.collect``, ``ghosted.selection.criteria``, ``ghosted.models.pruning``,
+``ghosted.evaluation.perplexity``, ``ghosted.evaluation.generation``), so ``ghosted.prune`` is always the function.
 """
 
 from __future__ import annotations
 
 
-from ghosted.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
+from ghosted.core.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
 
 __version__ = "0.1.0"
 
 
 def _is_loaded(obj) -> bool:
-    from ghosted.loading import LoadedModel
+    from ghosted.models.loading import LoadedModel
 
     return isinstance(obj, LoadedModel)
 
@@ -46,13 +46,13 @@ def load(source: str | None = None, **options):
 
     ``source`` is the bundled model (default), a Hugging Face folder, a .gguf file or a hub id; a
     folder written by ``save`` comes back with its recovery operators. ``options`` are those of
-    ``ghosted.loading.load_model`` (device, dtype, device_map, offload_folder, revision, ...).
+    ``ghosted.models.loading.load_model`` (device, dtype, device_map, offload_folder, revision, ...).
 
     Example:
         >>> lm = ghosted.load()                                  # CPU, float32
         >>> lm = ghosted.load("./Llama-3.1-8B", dtype="bfloat16", device_map="auto")
     """
-    from ghosted.export import load_any
+    from ghosted.operators.checkpoint import load_any
 
     return load_any(source, **options)
 
@@ -70,8 +70,8 @@ def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len
         >>> calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)
         >>> calib.input_ids.shape                                # (16, 128)
     """
-    from ghosted import validate
-    from ghosted.text import calibration_windows
+    from ghosted.experiments import validate
+    from ghosted.data.windows import calibration_windows
 
     validate.check_windows("n_seqs", n_seqs, "seq_len", seq_len)
     validate.check_seed(seed)
@@ -84,7 +84,7 @@ def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len
 def influence(model, windows, heldout=None, progress=None, **config):
     """Layer-selection criteria of ``model`` on ``windows`` as an ``InfluenceReport``.
 
-    ``config`` are fields of ``ghosted.layer_influence.InfluenceConfig`` (metrics, n_values, ...); metrics
+    ``config`` are fields of ``ghosted.selection.criteria.InfluenceConfig`` (metrics, n_values, ...); metrics
     may use the criteria's aliases (shortgpt, bi, streamline, angular, ppl, taylor+). By default every
     criterion of one forward pass is computed; without ``heldout`` windows the held-out ones are left out.
     ``progress`` receives ``(stage, done, total)`` (``ghosted.core.progress``; e.g. ``TqdmProgress()``).
@@ -93,8 +93,8 @@ def influence(model, windows, heldout=None, progress=None, **config):
         >>> report = ghosted.influence(lm, calib, n_values=[7])
         >>> report.matrix("recoverability")                      # start × n, lower is better
     """
-    from ghosted.layer_influence import CRITERIA, SINGLE_PASS, InfluenceConfig
-    from ghosted.layer_influence import influence as score_layers
+    from ghosted.selection.criteria import CRITERIA, SINGLE_PASS, InfluenceConfig
+    from ghosted.selection.criteria import influence as score_layers
 
     if heldout is None and "metrics" not in config:
         config["metrics"] = [m for m in SINGLE_PASS if CRITERIA[m].cost != "heldout"]
@@ -106,8 +106,8 @@ def _check_influence_config(model, windows, config: dict) -> None:
     """Criteria names (aliases resolved in place), sizes, eps and block sizes, before the forward pass."""
     from dataclasses import fields
 
-    from ghosted import validate
-    from ghosted.layer_influence import InfluenceConfig, resolve_criterion
+    from ghosted.experiments import validate
+    from ghosted.selection.criteria import InfluenceConfig, resolve_criterion
 
     unknown = set(config) - {f.name for f in fields(InfluenceConfig)}
     if unknown:
@@ -129,7 +129,7 @@ def _check_influence_config(model, windows, config: dict) -> None:
 
 def _check_windows(model, windows, name: str = "windows") -> None:
     """Token windows (``TokenWindows``) with at least one window, within the model's positions."""
-    from ghosted import validate
+    from ghosted.experiments import validate
 
     if not hasattr(windows, "input_ids"):
         raise TypeError(f"{name} must be TokenWindows (from ghosted.calibrate), not {type(windows).__name__}.")
@@ -146,7 +146,7 @@ def select(source, metric: str, n: int, windows=None, heldout=None, config=None)
     Example:
         >>> drop, why = ghosted.select(report, "recoverability", 7)   # e.g. [20, ..., 26]
     """
-    from ghosted.selection import select as select_layers
+    from ghosted.selection.rules import select as select_layers
 
     return select_layers(source, metric, n, windows=windows, heldout=heldout, config=config)
 
@@ -170,10 +170,10 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
     """
     from dataclasses import fields
 
-    from ghosted.calibration import CalibrationConfig
-    from ghosted.recover import RecoveryConfig, recover
+    from ghosted.calibration.collect import CalibrationConfig
+    from ghosted.recovery.fitting import RecoveryConfig, recover
 
-    from ghosted import validate
+    from ghosted.experiments import validate
 
     calib_names = {f.name for f in fields(CalibrationConfig)}
     recovery_names = {f.name for f in fields(RecoveryConfig)} - {"calibration"}
@@ -196,7 +196,7 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
 
 def _check_fit_settings(settings: dict) -> None:
     """The numbers a user passes to ``fit``: eps, batch size and seed."""
-    from ghosted import validate
+    from ghosted.experiments import validate
 
     if "eps" in settings:
         validate.check_eps(settings["eps"])
@@ -208,7 +208,7 @@ def _check_fit_settings(settings: dict) -> None:
 
 def _hold_out_quarter(windows):
     """(fit windows, held-out windows): the last quarter of ``windows`` (at least one) held out."""
-    from ghosted.pipeline import split_calibration
+    from ghosted.data.windows import split_calibration
 
     n = windows.input_ids.size(0)
     if n < 2:
@@ -228,7 +228,7 @@ def run(spec=None, model=None, **options):
         >>> [(e["method"], e["ppl"]) for e in report["results"]]
     """
     from ghosted.experiments.spec import ExperimentSpec
-    from ghosted.pipeline import run_experiment
+    from ghosted.experiments.run import run_experiment
 
     return run_experiment((spec or ExperimentSpec()).with_options(**options), loaded=model)
 
@@ -242,7 +242,7 @@ def prune(model, drop):
         >>> pruned = ghosted.prune(lm, "20-26")
         >>> pruned.config.num_hidden_layers                      # 23 for SmolLM2's 30 layers
     """
-    from ghosted.pruning import prune as prune_layers
+    from ghosted.models.pruning import prune as prune_layers
 
     return prune_layers(_model_of(model), drop)
 
@@ -261,9 +261,9 @@ def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384
         >>> print(ghosted.evaluate(run.results["ghost"].model, lm, tokens=4096))
         PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
     """
-    from ghosted import validate
-    from ghosted.evaluation import perplexity
-    from ghosted.text import evaluation_windows
+    from ghosted.experiments import validate
+    from ghosted.evaluation.perplexity import perplexity
+    from ghosted.data.windows import evaluation_windows
 
     data = model if data is None else data
     windows = data
@@ -286,7 +286,7 @@ def generate(model, tokenizer, prompts, **overrides):
         >>> ghosted.generate(model, lm, "The capital of France is", max_new_tokens=10)
         [' Paris, ...']
     """
-    from ghosted.generation import generate as continue_prompts
+    from ghosted.evaluation.generation import generate as continue_prompts
 
     return continue_prompts(_model_of(model), _tokenizer_of(tokenizer), prompts, **overrides)
 
@@ -296,18 +296,18 @@ def save(model, path, tokenizer=None, recipe=None, **save_options):
 
     ``tokenizer`` may be the ``LoadedModel`` (its source is recorded), ``recipe`` the
     ``RecoveryRun``; ``save_options`` go to ``save_pretrained`` (e.g. ``max_shard_size="5GB"``).
-    See ``ghosted.export.save_recovered``; ``ghosted.load(path)`` brings it back.
+    See ``ghosted.operators.checkpoint.save_recovered``; ``ghosted.load(path)`` brings it back.
 
     Example:
         >>> ghosted.save(run.results["ghost"].model, "smollm2-ghost", lm, recipe=run)
     """
-    from ghosted.export import save_recovered
+    from ghosted.operators.checkpoint import save_recovered
 
     return save_recovered(_model_of(model), path, tokenizer, recipe, **save_options)
 
 
 def save_recovered(model, path, tokenizer=None, recipe=None, **save_options):
-    """Same as ``save``: ``ghosted.export.save_recovered``.
+    """Same as ``save``: ``ghosted.operators.checkpoint.save_recovered``.
 
     Example:
         >>> ghosted.save_recovered(model, "out", lm, recipe=run)
@@ -322,7 +322,7 @@ def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):
         >>> lm = ghosted.load_recovered("smollm2-ghost")
         >>> lm.extra["recipe"]["dropped_spec"]                   # "20-26"
     """
-    from ghosted.export import load_recovered as load_saved
+    from ghosted.operators.checkpoint import load_recovered as load_saved
 
     return load_saved(path, device=device, dtype=dtype, **options)
 

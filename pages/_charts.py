@@ -9,8 +9,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ghosted.diagnostics import removed_shares
-from ghosted.recover import METHODS
+from ghosted.recovery.diagnostics import removed_shares
+from ghosted.recovery.fitting import METHODS
 
 PRUNED = "pruned"
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
@@ -96,7 +96,7 @@ def frontier_scatter(table: pd.DataFrame) -> go.Figure:
 def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Accuracy per variant (rows) and task (columns), in %, plus "average" over tasks when there are several.
 
-    ``frame`` is a ``ghosted.zeroshot.TaskRun.frame``: model, task, metric, value, stderr (fractions).
+    ``frame`` is a ``ghosted.evaluation.zeroshot.TaskRun.frame``: model, task, metric, value, stderr (fractions).
     """
     acc = frame[frame.metric == "acc"]
     table = acc.pivot_table(index="model", columns="task", values="value", sort=False) * 100

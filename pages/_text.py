@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from ghosted.deploy import DeployConfig
-from ghosted.text import TextSource
+from ghosted.experiments.deploy import DeployConfig
+from ghosted.data.sources import TextSource
 
 TEXT_KINDS = {"bundled:news": "Bundled news", "bundled:wiki": "Bundled Wikipedia",
               "upload": "Upload a file", "path": "Local file", "dataset": "Dataset"}

@@ -3,7 +3,7 @@
 Cross-page facts live under explicit ``ghosted.*`` keys of ``st.session_state`` (widget keys do not
 survive a page switch). The model is cached once per process and shared by every browser session,
 so nothing here ever modifies it: pruned and recovered variants are new objects built by
-``ghosted.recover``.
+``ghosted.recovery.fitting``.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING
 import streamlit as st
 import torch
 
-from ghosted.arch import describe, layer_param_count, num_layers
-from ghosted.assets import BUNDLED_MODEL
+from ghosted.models.architecture import describe, layer_param_count, num_layers
+from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.core.progress import Progress
-from ghosted.deploy import DeployConfig, from_env
-from ghosted.export import load_any
-from ghosted.loading import LoadedModel, ModelLoadError, source_kind
-from ghosted.pruning import format_layers
-from ghosted.text import SourceUnavailableError
+from ghosted.experiments.deploy import DeployConfig, from_env
+from ghosted.operators.checkpoint import load_any
+from ghosted.models.loading import LoadedModel, ModelLoadError, source_kind
+from ghosted.models.pruning import format_layers
+from ghosted.data.sources import SourceUnavailableError
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from ghosted.experiments.spec import ExperimentSpec
-    from ghosted.recover import RecoveryRun
+    from ghosted.recovery.fitting import RecoveryRun
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
@@ -166,7 +166,7 @@ class StoredRun:
     """
 
     model: str  # key of the model it was fitted on (``model_key``)
-    run: RecoveryRun  # the operators and the recovered models, from ``ghosted.recover``
+    run: RecoveryRun  # the operators and the recovered models, from ``ghosted.recovery.fitting``
     config: ExperimentSpec  # the settings, as ``python -m ghosted run`` takes them (``run --recipe``)
     layers: list[int]  # the dropped layers
     methods: list[str]  # "none" (plain pruning) first, then every fitted method

@@ -3,15 +3,15 @@
 import pandas as pd
 import streamlit as st
 
-from ghosted.arch import describe
-from ghosted.evaluation import forward_latency, perplexity
-from ghosted.generation import GenerationConfig, generate
-from ghosted.text import evaluation_windows
-from ghosted.zeroshot import evaluate_tasks, parse_tasks
+from ghosted.models.architecture import describe
+from ghosted.evaluation.perplexity import forward_latency, perplexity
+from ghosted.evaluation.generation import GenerationConfig, generate
+from ghosted.data.windows import evaluation_windows
+from ghosted.evaluation.zeroshot import evaluate_tasks, parse_tasks
 from pages import _assets, _charts, _text, _ui
 
 LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
-BUNDLED_TASK = "bundled-lastword"  # the offline task (ghosted.lastword)
+BUNDLED_TASK = "bundled-lastword"  # the offline task (ghosted.evaluation.lastword)
 DEMO_MAX_EXAMPLES = 100  # examples per task in a restricted (public demo) deployment
 
 
@@ -39,7 +39,7 @@ def eval_form(cfg) -> dict:
 def score(models: dict, windows, batch: int, progress) -> dict:
     """Perplexity of every variant; the shared leading layers run once when the library can."""
     try:
-        from ghosted.shared_eval import perplexities
+        from ghosted.evaluation.shared_prefix import perplexities
     except ImportError:
         return {name: perplexity(m, windows, batch, progress=progress, label=name) for name, m in models.items()}
     return perplexities(models, windows, batch_size=batch, progress=progress)

@@ -10,7 +10,7 @@ from pathlib import Path
 import streamlit as st
 
 from ghosted.experiments.spec import command
-from ghosted.pipeline import versions
+from ghosted.models.loading import versions
 from pages import _ui
 
 
@@ -47,7 +47,7 @@ def variant_spec(stored: _ui.StoredRun, method: str) -> dict:
 
 def zipped(model, lm, run, spec: dict) -> bytes:
     """The recovered model as a zip of a Hugging Face folder (built only when downloaded)."""
-    from ghosted.export import save_recovered
+    from ghosted.operators.checkpoint import save_recovered
 
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +86,7 @@ def model_section(cfg, lm, stored: _ui.StoredRun) -> None:
 def save_to(model, lm, run, target: str, overwrite: bool = False, spec: dict | None = None) -> None:
     """Save a variant into a folder on the server (workstations only); a non-empty folder only
     with ``overwrite``, the model's own folder and Ghosted's cache never."""
-    from ghosted.export import save_recovered
+    from ghosted.operators.checkpoint import save_recovered
 
     if not target.strip():
         raise ValueError("Type a folder to save into.")

@@ -2,10 +2,10 @@
 
 import streamlit as st
 
-from ghosted.arch import num_layers
+from ghosted.models.architecture import num_layers
 from ghosted.experiments.spec import CalibrationSpec
-from ghosted.layer_influence import CRITERIA, RECOVERABILITY, InfluenceConfig, influence
-from ghosted.selection import select
+from ghosted.selection.criteria import CRITERIA, RECOVERABILITY, InfluenceConfig, influence
+from ghosted.selection.rules import select
 from pages import _charts, _text, _ui
 
 HELDOUT_WINDOWS = 4  # held-out windows drawn when a criterion needs them (cost "heldout")

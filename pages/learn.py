@@ -6,9 +6,9 @@ apply and fills them with the numbers of the stored run (``pages/_assets.learn``
 
 import streamlit as st
 
-from ghosted.arch import hidden_size, num_layers
-from ghosted.diagnostics import directions_holding, removed_shares
-from ghosted.pruning import format_layers
+from ghosted.models.architecture import hidden_size, num_layers
+from ghosted.recovery.diagnostics import directions_holding, removed_shares
+from ghosted.models.pruning import format_layers
 from pages import _assets, _charts, _ui
 
 ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"

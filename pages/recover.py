@@ -4,15 +4,15 @@ import time
 
 import streamlit as st
 
-from ghosted.arch import hidden_size
-from ghosted.methods import help_text
+from ghosted.models.architecture import hidden_size
+from ghosted.recovery.methods import help_text
 from ghosted.experiments.spec import ExperimentSpec
-from ghosted.pruning import format_layers
-from ghosted.recover import METHODS, recover
+from ghosted.models.pruning import format_layers
+from ghosted.recovery.fitting import METHODS, recover
 from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
-METHOD_HELP = help_text(m for m in METHODS if m != "none")  # from the registry, ghosted.methods
+METHOD_HELP = help_text(m for m in METHODS if m != "none")  # from the registry, ghosted.recovery.methods
 AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
              "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
              "(next-token loss), so it is never worse there than plain pruning. "

@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled SmolLM2 model, loaded once per test session; treat it as read-only."""
-    from ghosted.loading import load_model
+    from ghosted.models.loading import load_model
 
     return load_model()
 

@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.stats_cache import StatsCache
+    from ghosted.calibration.cache import StatsCache
 
     cache = StatsCache()
     if args.dry_run:

@@ -44,7 +44,7 @@ def progress_from_args(args):
 
 def facts_from_args(args):
     """The model's layer count and positions from its config alone (for ``--dry-run``)."""
-    from ghosted.validate import model_facts
+    from ghosted.experiments.validate import model_facts
 
     return model_facts(args.model, trust_remote_code=args.trust_remote_code)
 
@@ -57,14 +57,14 @@ def add_task_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
-    """--protocol: a named perplexity protocol (ghosted.protocols)."""
+    """--protocol: a named perplexity protocol (ghosted.evaluation.protocols)."""
     from ghosted.experiments.spec import add_spec_args
 
     add_spec_args(p, ["protocol"])
 
 
 def load_from_args(args):
-    from ghosted.export import load_any  # a saved recovered folder comes back with its operators
+    from ghosted.operators.checkpoint import load_any  # a saved recovered folder comes back with its operators
 
     return load_any(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
                       trust_remote_code=args.trust_remote_code,
@@ -83,6 +83,6 @@ def check_output_folder(path: str, overwrite: bool = True, model: str | None = N
     """Refuse, before the model is loaded, an output folder that cannot be used: a file, an
     unwritable place, a non-empty folder unless ``overwrite``, and (with ``model``, the --model
     argument) the model's own folder or Ghosted's cache."""
-    from ghosted.export import check_target_folder, protected_folders
+    from ghosted.operators.checkpoint import check_target_folder, protected_folders
 
     return check_target_folder(path, overwrite, protected_folders(model) if model else [])

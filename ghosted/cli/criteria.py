@@ -1,4 +1,4 @@
-"""``python -m ghosted criteria``: the layer-selection criteria, from ``ghosted.layer_influence.CRITERIA``."""
+"""``python -m ghosted criteria``: the layer-selection criteria, from ``ghosted.selection.criteria.CRITERIA``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
 
 def criteria_text() -> str:
     """The CRITERIA table and the aliases as plain text."""
-    from ghosted.layer_influence import ALIASES, CRITERIA, ITERATIVE
+    from ghosted.selection.criteria import ALIASES, CRITERIA, ITERATIVE
 
     aliases: dict[str, list[str]] = {}
     for alias, name in ALIASES.items():

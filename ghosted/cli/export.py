@@ -8,7 +8,7 @@ from pathlib import Path
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_text_args, check_output_folder, facts_from_args, load_from_args,
     progress_from_args)
-from ghosted.recover import METHODS
+from ghosted.recovery.fitting import METHODS
 
 
 def add_parser(sub) -> None:
@@ -40,9 +40,9 @@ def add_parser(sub) -> None:
 
 def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
-    from ghosted.export import save_recovered
-    from ghosted.recover import recover
-    from ghosted.validate import check_export, check_export_model, facts_of_model, plan_export
+    from ghosted.operators.checkpoint import save_recovered
+    from ghosted.recovery.fitting import recover
+    from ghosted.experiments.validate import check_export, check_export_model, facts_of_model, plan_export
 
     check_output_folder(args.out, args.overwrite, args.model)  # before loading: a typo costs nothing
     check_export(args)  # every setting, before the model is loaded
@@ -64,7 +64,7 @@ def handle(args) -> int:
 
 def describe_folder(folder: Path) -> str:
     """The files of a saved folder with their sizes, and how to load it."""
-    from ghosted.export import read_recipe
+    from ghosted.models.loading import read_recipe
 
     recipe = read_recipe(folder)
     lines = [f"saved {recipe.get('method')} model, layers {recipe.get('dropped_spec')} removed, to {folder}/"]

@@ -16,8 +16,8 @@ def _list(text: str) -> list[str]:
 
 def add_parser(sub) -> None:
     from ghosted.experiments.spec import add_spec_args
-    from ghosted.grid import ALIASES, grid_base
-    from ghosted.methods import methods_help
+    from ghosted.experiments.grid import ALIASES, grid_base
+    from ghosted.recovery.methods import methods_help
 
     p = sub.add_parser("grid", help="the reproduction grid: selection x layers removed x every method",
                        description="Choose layers with each selection criterion for each n, recover them with "
@@ -49,9 +49,9 @@ def add_parser(sub) -> None:
 
 def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
-    from ghosted.grid import GridConfig, run_grid
-    from ghosted.recover import METHODS
-    from ghosted.validate import check_grid, check_out_dir, parse_counts, plan_grid
+    from ghosted.experiments.grid import GridConfig, run_grid
+    from ghosted.recovery.fitting import METHODS
+    from ghosted.experiments.validate import check_grid, check_out_dir, parse_counts, plan_grid
 
     methods = ["dense", *METHODS] if args.methods == "all" else _list(args.methods)
     base = spec_from_args(args, ignore=("n", "methods")).with_options(methods=methods)  # --n, --methods: the grid's

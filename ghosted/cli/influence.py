@@ -14,7 +14,7 @@ GROUPS = {"single": "every criterion of the one shared forward pass (incl. recov
 
 
 def add_parser(sub) -> None:
-    from ghosted.layer_influence import CRITERIA, alias_text
+    from ghosted.selection.criteria import CRITERIA, alias_text
 
     p = sub.add_parser("influence", help="score every layer and contiguous block by each selection criterion",
                        description="Compute layer-selection criteria (ShortGPT, Gromov angular distance, "
@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
 
 def parse_metrics(text: str, with_heldout: bool) -> list[str]:
     """Expand groups and check names; ``recoverability_heldout`` needs held-out windows."""
-    from ghosted.layer_influence import ALIASES, CRITERIA, SINGLE_PASS, alias_text
+    from ghosted.selection.criteria import ALIASES, CRITERIA, SINGLE_PASS, alias_text
 
     names: list[str] = []
     for part in filter(None, (x.strip() for x in text.split(","))):
@@ -73,11 +73,11 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 
 def handle(args) -> int:
-    from ghosted.arch import num_layers
+    from ghosted.models.architecture import num_layers
     from ghosted.experiments.spec import spec_from_args
-    from ghosted.layer_influence import InfluenceConfig, influence
-    from ghosted.selection import selections
-    from ghosted.validate import facts_of_model, plan_influence
+    from ghosted.selection.criteria import InfluenceConfig, influence
+    from ghosted.selection.rules import selections
+    from ghosted.experiments.validate import facts_of_model, plan_influence
 
     metrics, n_values = check_args(args)  # every setting, before the model is loaded
     if args.dry_run:
@@ -109,8 +109,8 @@ def handle(args) -> int:
 
 def check_args(args) -> tuple[list[str], list[int] | None]:
     """Every setting that needs no model: (criteria, block sizes or None for all)."""
-    from ghosted.pruning import parse_layers
-    from ghosted.validate import check_calibration, check_count, check_eps, check_out_dir
+    from ghosted.models.pruning import parse_layers
+    from ghosted.experiments.validate import check_calibration, check_count, check_eps, check_out_dir
 
     check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
     check_calibration(args)
@@ -127,7 +127,7 @@ def check_args(args) -> tuple[list[str], list[int] | None]:
 
 def _check_n_values(n_values: list[int] | None, total: int | None) -> None:
     """Block sizes 1 .. L-1."""
-    from ghosted.validate import check_n
+    from ghosted.experiments.validate import check_n
 
     for n in n_values or []:
         check_n(n, total, "n_values")
@@ -135,7 +135,7 @@ def _check_n_values(n_values: list[int] | None, total: int | None) -> None:
 
 def _check_model(args, n_values: list[int] | None, facts) -> None:
     """Block sizes within the model's layers, windows within its positions."""
-    from ghosted.validate import check_positions
+    from ghosted.experiments.validate import check_positions
 
     _check_n_values(n_values, facts.layers)
     check_positions(facts.max_positions, seq_len=args.seq_len)
@@ -143,7 +143,7 @@ def _check_model(args, n_values: list[int] | None, facts) -> None:
 
 def _recoverability_n(text: str, n_values: list[int] | None, total: int) -> list[int] | None:
     """Block sizes for recoverability from --recoverability-n (None: the same as --n-values)."""
-    from ghosted.pruning import parse_layers
+    from ghosted.models.pruning import parse_layers
 
     if text == "all" or (text == "auto" and n_values):
         return None

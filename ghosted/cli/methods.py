@@ -1,4 +1,4 @@
-"""``python -m ghosted methods``: the recovery methods, from the registry in ``ghosted.methods``."""
+"""``python -m ghosted methods``: the recovery methods, from the registry in ``ghosted.recovery.methods``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.methods import markdown_table, text_table
+    from ghosted.recovery.methods import markdown_table, text_table
 
     print(markdown_table() if args.markdown else text_table())
     return 0

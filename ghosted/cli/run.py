@@ -38,8 +38,8 @@ def add_parser(sub) -> None:
 
 def handle(args) -> int:
     from ghosted.experiments.spec import load_spec, spec_from_args
-    from ghosted.pipeline import format_table, run_experiment
-    from ghosted.validate import check_out_file, check_run, plan_run
+    from ghosted.experiments.run import format_table, run_experiment
+    from ghosted.experiments.validate import check_out_file, check_run, plan_run
 
     spec = spec_from_args(args, base=load_spec(args.recipe) if args.recipe else None)
     m = spec.model  # a recipe's model, unless the flags name another: load (or --dry-run read) that one
@@ -65,7 +65,7 @@ def report_stopped(args, err: BaseException) -> int:
 
     Any other error goes on to the command line's one-line message, after the partial report.
     """
-    from ghosted.pipeline import format_table
+    from ghosted.experiments.run import format_table
 
     partial = getattr(err, "partial_report", None)
     if partial is not None:

@@ -1,1 +1,1 @@
-"""The lowest layer: guards, the Hadamard transform and the progress protocol, used by every stage."""
+"""The lowest layer: numerical guards, the Hadamard transform and the progress protocol; imports no other package."""

@@ -1,1 +1,1 @@
-"""The experiment as data (the spec), and what runs it: one experiment, the grid, their reports."""
+"""Experiments: the validated settings, one run, the grid of runs and the deployment limits."""

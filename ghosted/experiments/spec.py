@@ -21,7 +21,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from ghosted.assets import BUNDLED_MODEL
+from ghosted.models.assets import BUNDLED_MODEL
 
 SPEC_VERSION = 1  # bumped when a field changes meaning
 
@@ -35,13 +35,13 @@ def _option(default, flag: str, help, **extra):
 
 
 def _methods_help() -> str:
-    from ghosted.methods import methods_help
+    from ghosted.recovery.methods import methods_help
 
     return methods_help()
 
 
 def _select_help() -> str:
-    from ghosted.layer_influence import alias_text
+    from ghosted.selection.criteria import alias_text
 
     return ("instead of --drop, let this influence criterion choose the layers (see 'python -m ghosted "
             "influence --help'), e.g. recoverability; aliases: " + alias_text() + "; prunecomp:<criterion> "
@@ -49,20 +49,20 @@ def _select_help() -> str:
 
 
 def _protocol_choices() -> list[str]:
-    from ghosted.protocols import PROTOCOLS
+    from ghosted.evaluation.protocols import PROTOCOLS
 
     return list(PROTOCOLS)
 
 
 def _protocol_help() -> str:
-    from ghosted.protocols import PROTOCOLS
+    from ghosted.evaluation.protocols import PROTOCOLS
 
     return ("perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
             + ". Without it, --eval, --eval-tokens and --eval-seq-len apply")
 
 
 def _parse_tasks(text: str) -> list[str]:
-    from ghosted.zeroshot import parse_tasks
+    from ghosted.evaluation.zeroshot import parse_tasks
 
     return parse_tasks(text)
 
@@ -115,8 +115,8 @@ class CalibrationSpec:
         """(fit windows, held-out windows or None): ``count + heldout`` windows drawn once, the last
         ``heldout`` kept out of the fit. ``text``: the text itself, when ``source`` only names it (an
         uploaded file in the app)."""
-        from ghosted.pipeline import split_calibration
-        from ghosted.text import calibration_windows
+        from ghosted.data.windows import split_calibration
+        from ghosted.data.windows import calibration_windows
 
         drawn = calibration_windows(tokenizer, self.source if text is None else text,
                                     self.count + self.heldout, self.length, self.seed)
@@ -135,7 +135,7 @@ class EvaluationSpec:
                           "evaluation tokens (default 16384)")
     window: int = _option(512, "--eval-seq-len",  # perplexity window (paper: 2048)
                           "perplexity window (default 512)")
-    protocol: str = _option("", "--protocol",  # a preset of ghosted.protocols ("paper", "bundled"), "": the above
+    protocol: str = _option("", "--protocol",  # a preset of evaluation.protocols ("paper", "bundled"); "": the above
                             _protocol_help, choices=_protocol_choices)
     tasks: list[str] = _option([], "--tasks",  # zero-shot tasks: "bundled-lastword", lm-eval task names
                                "comma list of tasks scored for every method: bundled-lastword (offline, the last "
@@ -154,7 +154,7 @@ class LayersSpec:
 
     drop: str = _option("", "--drop",  # 0-based, ranges inclusive, e.g. "20-26" or "3,7,9-11"
                         "layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
-    select: str = _option("", "--select",  # or a criterion of ghosted.layer_influence.CRITERIA chooses them
+    select: str = _option("", "--select",  # or a criterion of ghosted.selection.criteria.CRITERIA chooses them
                           _select_help, metavar="METRIC")
     n: int = _option(0, "--n",  # how many layers ``select`` removes
                      "how many layers --select removes")
@@ -230,8 +230,8 @@ class ExperimentSpec:
 
     def recovery_config(self):
         """The ``RecoveryConfig`` these settings give (``recover``'s settings)."""
-        from ghosted.calibration import CalibrationConfig
-        from ghosted.recover import RecoveryConfig
+        from ghosted.calibration.collect import CalibrationConfig
+        from ghosted.recovery.fitting import RecoveryConfig
 
         r, c = self.recovery, self.calibration
         return RecoveryConfig(eps=r.eps, solver=r.solver, mode=r.ghost_mode, rank=r.rank, granularity=r.granularity,
@@ -385,7 +385,7 @@ def command(spec: ExperimentSpec) -> str:
 def load_spec(path: str | Path) -> ExperimentSpec:
     """The spec held by a results JSON (``run --out``), a ``ghosted_recipe.json``, the app's recipe, or a
     saved model folder (its recipe)."""
-    from ghosted.export import RECIPE_FILE
+    from ghosted.models.loading import RECIPE_FILE
 
     file = Path(path)
     if file.is_dir():

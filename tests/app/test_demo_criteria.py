@@ -3,8 +3,8 @@
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ghosted.deploy import CLASSROOM, DEMO, LOCAL, DeployRefusal, criterion_cost
-from ghosted.layer_influence import CRITERIA, SINGLE_PASS
+from ghosted.experiments.deploy import CLASSROOM, DEMO, LOCAL, DeployRefusal, criterion_cost
+from ghosted.selection.criteria import CRITERIA, SINGLE_PASS
 from tests.app.conftest import ROOT, TIMEOUT, errors, no_exception, open_page
 
 COSTLY = ["ppl_single", "taylor", "sleb"]

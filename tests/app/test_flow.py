@@ -202,7 +202,7 @@ def test_compare_shows_the_sink_report(flow):
 
 def test_the_cached_model_is_left_as_it_was_loaded(flow):
     """Every page shares the cached model with every other session: the flow must not change it."""
-    from ghosted.arch import layers_of
+    from ghosted.models.architecture import layers_of
     from pages._ui import MODEL, load_cached
 
     model = load_cached(**flow.session_state[MODEL]).model

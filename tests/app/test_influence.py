@@ -62,7 +62,7 @@ def test_preset_without_its_values_explains_what_to_do(measured):
 
 
 def test_the_criteria_offered_are_the_librarys_table(app):
-    from ghosted.layer_influence import CRITERIA
+    from ghosted.selection.criteria import CRITERIA
 
     open_page(app, "influence")
     box = app.multiselect(key="influence_metrics")
@@ -74,9 +74,9 @@ def test_the_criteria_offered_are_the_librarys_table(app):
 def test_every_criterion_comes_from_one_influence_call_with_recoverability_token(app):
     """recoverability_token once asked for every block size (5 GB of sums) and failed; now its Gram sums,
     like every recoverability criterion's, cover the chosen n only, and all criteria come from one call."""
-    from ghosted.layer_influence import InfluenceConfig, influence
-    from ghosted.pipeline import split_calibration
-    from ghosted.text import calibration_windows
+    from ghosted.selection.criteria import InfluenceConfig, influence
+    from ghosted.data.windows import split_calibration
+    from ghosted.data.windows import calibration_windows
     from pages._ui import MODEL, load_cached
 
     chosen = ["streamline_cosine", "block_influence", "recoverability_token", "recoverability_heldout"]

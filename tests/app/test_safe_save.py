@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from ghosted.assets import cache_dir
-from ghosted.export import RECIPE_FILE
+from ghosted.models.assets import cache_dir
+from ghosted.models.loading import RECIPE_FILE
 from tests.app.conftest import calibrate, errors, no_exception, open_page
 
 
@@ -21,7 +21,7 @@ def converted_models() -> list[str]:
 
 
 def test_a_truncated_gguf_is_shown_as_an_error(app, tmp_path):
-    from ghosted.assets import bundled_gguf_path
+    from ghosted.models.assets import bundled_gguf_path
 
     path = tmp_path / "cut.gguf"
     with open(bundled_gguf_path(), "rb") as handle:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from streamlit.testing.v1 import AppTest
 
-from ghosted.arch import layers_of
+from ghosted.models.architecture import layers_of
 from pages._ui import MODEL, RUN, load_cached
 from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, no_exception, open_page
 

@@ -38,7 +38,7 @@ def test_accuracy_of_every_variant_is_stored_and_right(scored):
     acc = result["frame"][result["frame"].metric == "acc"]
     assert list(acc.model) == ["dense", "pruned", *METHODS] and set(acc.task) == {"bundled-lastword"}
     assert result["protocols"]["bundled-lastword"]["examples"] == EXAMPLES
-    from ghosted.lastword import score_lastword
+    from ghosted.evaluation.lastword import score_lastword
     from pages._ui import MODEL, load_cached
 
     lm = load_cached(**at.session_state[MODEL])

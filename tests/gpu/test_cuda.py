@@ -18,15 +18,15 @@ DROP = "20-26"
 
 @pytest.fixture(scope="module")
 def gpu_model():
-    from ghosted.loading import load_model
+    from ghosted.models.loading import load_model
 
     return load_model(device="cuda", dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
 def gpu_run(gpu_model):
-    from ghosted.recover import recover
-    from ghosted.text import calibration_windows
+    from ghosted.recovery.fitting import recover
+    from ghosted.data.windows import calibration_windows
 
     calib = calibration_windows(gpu_model.tokenizer, "bundled:news", 32, 256)
     return recover(gpu_model.model, DROP, ["none", "ghost", "replaceme-ls"], calib)
@@ -43,8 +43,8 @@ def test_statistics_are_float64_on_the_gpu(gpu_run):
 
 
 def test_ghost_recovers_perplexity_on_cuda(gpu_model, gpu_run):
-    from ghosted.evaluation import perplexity
-    from ghosted.text import evaluation_windows
+    from ghosted.evaluation.perplexity import perplexity
+    from ghosted.data.windows import evaluation_windows
 
     windows = evaluation_windows(gpu_model.tokenizer, "bundled:wiki", 8192, 512)
     dense = perplexity(gpu_model.model, windows)
@@ -56,7 +56,7 @@ def test_ghost_recovers_perplexity_on_cuda(gpu_model, gpu_run):
 
 
 def test_generation_on_cuda(gpu_model, gpu_run):
-    from ghosted.generation import generate
+    from ghosted.evaluation.generation import generate
 
     for method in ("none", "ghost", "replaceme-ls"):
         text = generate(gpu_run.results[method].model, gpu_model.tokenizer, "The capital of France is",
@@ -65,8 +65,8 @@ def test_generation_on_cuda(gpu_model, gpu_run):
 
 
 def test_save_and_load_on_cuda(gpu_model, gpu_run, tmp_path):
-    from ghosted.export import load_recovered, save_recovered
-    from ghosted.text import evaluation_windows
+    from ghosted.operators.checkpoint import load_recovered, save_recovered
+    from ghosted.data.windows import evaluation_windows
 
     model = gpu_run.results["ghost"].model
     folder = save_recovered(model, tmp_path / "ghost", gpu_model, recipe=gpu_run)
@@ -80,9 +80,9 @@ def test_save_and_load_on_cuda(gpu_model, gpu_run, tmp_path):
 def test_tiny_model_split_over_gpu_cpu_and_disk(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ghosted.evaluation import perplexity
-    from ghosted.recover import recover
-    from ghosted.text import TokenWindows
+    from ghosted.evaluation.perplexity import perplexity
+    from ghosted.recovery.fitting import recover
+    from ghosted.data.windows import TokenWindows
     from tests.tiny import random_ids, tiny_model
 
     dense = tiny_model("llama")

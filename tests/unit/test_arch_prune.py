@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ghosted.arch import (UnsupportedArchitecture, embedding_of, get_path, head_of, hidden_of, layers_of,
-                          num_layers, spec_for)
-from ghosted.pruning import build_variant, format_layers, parse_layers, prune
+from ghosted.models.architecture import (UnsupportedArchitecture, embedding_of, get_path, head_of, hidden_of, layers_of,
+                                         num_layers, spec_for)
+from ghosted.models.pruning import build_variant, format_layers, parse_layers, prune
 from tests.tiny import FAMILIES, random_ids, tiny_model
 
 

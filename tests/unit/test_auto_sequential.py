@@ -8,10 +8,10 @@ import types
 import pytest
 import torch
 
-from ghosted import methods as registry
-from ghosted.calibration import Gap
-from ghosted.evaluation import perplexity
-from ghosted.recover import AUTO_CANDIDATES, RecoveryConfig, recover
+from ghosted.recovery import methods as registry
+from ghosted.calibration.collect import Gap
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.recovery.fitting import AUTO_CANDIDATES, RecoveryConfig, recover
 from tests.tiny import random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL
 

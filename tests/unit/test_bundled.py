@@ -5,12 +5,12 @@ import math
 import pytest
 import torch
 
-from ghosted.arch import describe, num_layers
-from ghosted.evaluation import perplexity
-from ghosted.generation import generate
-from ghosted.pruning import prune
-from ghosted.recover import recover
-from ghosted.text import calibration_windows, evaluation_windows
+from ghosted.models.architecture import describe, num_layers
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.evaluation.generation import generate
+from ghosted.models.pruning import prune
+from ghosted.recovery.fitting import recover
+from ghosted.data.windows import calibration_windows, evaluation_windows
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def test_greedy_generation_is_deterministic_and_uses_chat_template(bundled):
 
 @pytest.mark.slow  # forward passes of the bundled model
 def test_generation_leaves_the_shared_tokenizer_and_config_alone(bundled):
-    from ghosted.generation import GenerationConfig
+    from ghosted.evaluation.generation import GenerationConfig
 
     side = bundled.tokenizer.padding_side
     config = GenerationConfig()

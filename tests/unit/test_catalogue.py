@@ -27,7 +27,7 @@ import torch
 
 import ghosted
 from ghosted.cli import main
-from ghosted.text import TokenWindows
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 
 LATIN1 = "Caf\xe9 cr\xe8me, na\xefve fa\xe7ade.\n\nUn deuxi\xe8me document.\n".encode("latin-1")
@@ -308,7 +308,7 @@ def test_the_catalogue_is_large():
                                               ("ppl", "ppl_single"), ("taylor+", "taylor"), ("sleb", "sleb"),
                                               ("Block_Influence", "block_influence")])
 def test_criteria_aliases(alias, criterion):
-    from ghosted.layer_influence import resolve_criterion
+    from ghosted.selection.criteria import resolve_criterion
 
     assert resolve_criterion(alias) == criterion
 
@@ -330,7 +330,7 @@ def test_select_by_alias_equals_select_by_name():
 
 @pytest.mark.parametrize("name", ["notes.md", "corpus.cor", "plain", "bom.txt"])
 def test_plain_text_is_read_by_content(name, tmp_path):
-    from ghosted.text import resolve_source
+    from ghosted.data.sources import resolve_source
 
     body = "First document, line one.\n\nSecond document.\n"
     data = ("\ufeff" + body if name == "bom.txt" else body).encode("utf-8")
@@ -340,7 +340,7 @@ def test_plain_text_is_read_by_content(name, tmp_path):
 
 
 def test_jsonl_by_extension(tmp_path):
-    from ghosted.text import resolve_source
+    from ghosted.data.sources import resolve_source
 
     (tmp_path / "docs.jsonl").write_text('{"text": "one"}\n{"text": "two"}\n')
     assert resolve_source(str(tmp_path / "docs.jsonl")).documents == ("one", "two")
@@ -358,7 +358,7 @@ def word_tokenizer():
 
 
 def test_a_separate_evaluation_file_is_used_whole_from_its_start(tmp_path):
-    from ghosted.text import evaluation_windows
+    from ghosted.data.windows import evaluation_windows
 
     words = [f"w{i}" for i in range(20000)]  # 20,000 tokens in 100 documents of 200
     path = tmp_path / "test-split.txt"
@@ -375,8 +375,8 @@ def test_a_separate_evaluation_file_is_used_whole_from_its_start(tmp_path):
 
 
 def test_run_reports_which_part_it_evaluated(tmp_path):
-    from ghosted.pipeline import RunConfig
-    from ghosted.validate import facts_of_config, plan_run
+    from ghosted.experiments.run import RunConfig
+    from ghosted.experiments.validate import facts_of_config, plan_run
     from tests.tiny import tiny_config
 
     plan = plan_run(RunConfig(drop="2", eval="bundled:news", methods=["none"], eval_seq_len=128, seq_len=64),

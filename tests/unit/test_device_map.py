@@ -14,11 +14,11 @@ import torch
 from accelerate import dispatch_model
 from transformers import AutoModelForCausalLM
 
-from ghosted.capture import input_device
-from ghosted.evaluation import perplexity
-from ghosted.export import load_recovered, save_recovered
-from ghosted.recover import RecoveryConfig, recover
-from ghosted.text import TokenWindows
+from ghosted.models.capture import input_device
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.operators.checkpoint import load_recovered, save_recovered
+from ghosted.recovery.fitting import RecoveryConfig, recover
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL, assert_close_on_scale
 

@@ -1,11 +1,11 @@
-"""Run-wide quantities the pages show, computed once in ghosted.diagnostics: the share of ‖Δ‖² removed over
+"""Run-wide quantities the pages show, computed once in ghosted.recovery.diagnostics: the share of ‖Δ‖² removed over
 every gap, and how many directions carry most of Δ's energy."""
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from ghosted.diagnostics import directions_holding, removed_shares
+from ghosted.recovery.diagnostics import directions_holding, removed_shares
 
 
 def _errors() -> pd.DataFrame:

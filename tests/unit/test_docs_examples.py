@@ -66,7 +66,7 @@ def test_the_docs_hold_the_known_examples():
 
 def user_file(value: str) -> bool:
     """A text named by an example that is the reader's own file (notes.md), not a bundled or hub text."""
-    from ghosted.text import HUB_SHORTCUTS
+    from ghosted.data.sources import HUB_SHORTCUTS
 
     return not value.startswith(("bundled:", "hf:")) and value not in HUB_SHORTCUTS
 

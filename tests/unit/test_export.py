@@ -10,10 +10,11 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from ghosted.cli import main
-from ghosted.export import OPERATORS_FILE, RECIPE_FILE, load_recovered, read_recipe, save_recovered
-from ghosted.patch import operators_of
-from ghosted.recover import METHODS, RecoveryConfig, recover
-from ghosted.text import TokenWindows
+from ghosted.models.loading import OPERATORS_FILE, RECIPE_FILE, read_recipe
+from ghosted.operators.checkpoint import load_recovered, save_recovered
+from ghosted.operators.sites import operators_of
+from ghosted.recovery.fitting import METHODS, RecoveryConfig, recover
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 
 IDS = random_ids(2, 20, seed=5)
@@ -186,8 +187,8 @@ def test_load_recovered_refuses_a_folder_without_a_model(tmp_path):
 
 @pytest.mark.slow
 def test_bundled_model_with_seven_layers_dropped(bundled, tmp_path):
-    from ghosted.generation import generate
-    from ghosted.text import calibration_windows, evaluation_windows
+    from ghosted.evaluation.generation import generate
+    from ghosted.data.windows import calibration_windows, evaluation_windows
 
     calib = calibration_windows(bundled.tokenizer, "bundled:news", 8, 128)  # 1024 tokens
     run = recover(bundled.model, "20-26", ["ghost"], calib)

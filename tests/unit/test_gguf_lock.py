@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ghosted.assets import file_lock, file_sha256
-from ghosted.loading import _gguf_to_safetensors, load_model
+from ghosted.models.assets import file_lock, file_sha256
+from ghosted.models.loading import _gguf_to_safetensors, load_model
 
 
 @pytest.fixture(autouse=True)
@@ -150,7 +150,7 @@ def test_a_finished_conversion_is_reused(gguf, cache):
 
 # ---------------------------------------------------------------------------------- broken files
 def bundled_bytes(n: int) -> bytes:
-    from ghosted.assets import bundled_gguf_path
+    from ghosted.models.assets import bundled_gguf_path
 
     try:
         path = bundled_gguf_path()

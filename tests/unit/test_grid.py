@@ -8,18 +8,19 @@ import math
 import pandas as pd
 import pytest
 
-from ghosted import grid as grid_module
-from ghosted.evaluation import perplexity
-from ghosted.grid import GridConfig, applicable, capped_evaluation_windows, run_grid, to_markdown
-from ghosted.loading import LoadedModel
-from ghosted.pruning import format_layers, prune
-from ghosted.recover import BRANCH_METHODS, METHODS
+from ghosted.experiments import grid as grid_module
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.experiments.grid import GridConfig, applicable, run_grid, to_markdown
+from ghosted.data.windows import capped_evaluation_windows
+from ghosted.models.loading import LoadedModel
+from ghosted.models.pruning import format_layers, prune
+from ghosted.recovery.fitting import BRANCH_METHODS, METHODS
 from tests.tiny import VOCAB, tiny_model
 from tests.tolerance import FLOAT64_REL
 
 
 class CharTokenizer:
-    """Characters to ids 3..VOCAB-1, no BOS: enough for ghosted.text's windows on a tiny model."""
+    """Characters to ids 3..VOCAB-1, no BOS: enough for ghosted.data.sources's windows on a tiny model."""
 
     name_or_path = "char-tokenizer"
     bos_token_id = None
@@ -67,10 +68,10 @@ def test_every_setting_method_and_text_has_a_row(tiny_grid):
 
 
 def test_layers_are_the_criteria_choices(tiny_grid):
-    from ghosted.layer_influence import InfluenceConfig, influence
-    from ghosted.pipeline import split_calibration
-    from ghosted.selection import select
-    from ghosted.text import calibration_windows
+    from ghosted.selection.criteria import InfluenceConfig, influence
+    from ghosted.data.windows import split_calibration
+    from ghosted.selection.rules import select
+    from ghosted.data.windows import calibration_windows
 
     lm, result = tiny_grid
     cfg = small_config()

@@ -19,15 +19,15 @@ import pytest
 import torch
 
 import ghosted
-from ghosted.arch import layers_of
-from ghosted.calibration import Gap, require_finite_activations
-from ghosted.evaluation import perplexity
-from ghosted.guards import MAX_CONDITION, IllConditionedFitWarning, NonFiniteError
-from ghosted.recover import RecoveryConfig, recover
-from ghosted.robust import fit_robust
-from ghosted.shared_eval import perplexities
-from ghosted.solve import condition_number, ghost_operator, replaceme_ls, warn_if_ill_conditioned
-from ghosted.stats import BoundaryAccumulator
+from ghosted.models.architecture import layers_of
+from ghosted.calibration.collect import Gap, require_finite_activations
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.core.guards import MAX_CONDITION, IllConditionedFitWarning, NonFiniteError
+from ghosted.recovery.fitting import RecoveryConfig, recover
+from ghosted.recovery.robust import fit_robust
+from ghosted.evaluation.shared_prefix import perplexities
+from ghosted.recovery.solvers import condition_number, ghost_operator, replaceme_ls, warn_if_ill_conditioned
+from ghosted.calibration.stats import BoundaryAccumulator
 from tests.tiny import random_ids, tiny_model
 
 WIDTH = 32  # residual width of tests.tiny models
@@ -175,7 +175,7 @@ def test_one_warning_per_gap_however_many_ghost_methods():
     ours = [str(w.message) for w in caught if issubclass(w.category, IllConditionedFitWarning)]
     assert len(ours) == 2 and "[1, 2)" in ours[0] and "[3, 4)" in ours[1]
     assert run.warnings == ours
-    assert not [w for w in caught if w.filename.endswith(("recover.py", "solve.py"))]  # points at the caller
+    assert not [w for w in caught if w.filename.endswith(("fitting.py", "solvers.py"))]  # points at the caller
 
 
 def test_enough_tokens_do_not_warn():

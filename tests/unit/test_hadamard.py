@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ghosted.hadamard import _factorisation, hadamard, has_hadamard, normalized_hadamard
+from ghosted.core.hadamard import _factorisation, hadamard, has_hadamard, normalized_hadamard
 
 PALEY_CORES = [1, 12, 20, 28, 36, 40, 44, 52, 60]  # 28, 52: Paley II over GF(13), GF(25)
 MODEL_SIZES = [576, 640, 896, 960, 1536]  # checked with a full H·Hᵀ product

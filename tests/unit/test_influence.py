@@ -1,7 +1,7 @@
 """Every influence criterion against its direct definition, computed independently here.
 
 Boundaries come from ``output_hidden_states`` of a private copy whose final norm is the identity (so
-h_L is the last layer's output before the norm), never from ``ghosted.capture``. Removal criteria
+h_L is the last layer's output before the norm), never from ``ghosted.models.capture``. Removal criteria
 are checked against a copy whose removed layers are skipped by identity hooks.
 """
 
@@ -15,13 +15,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ghosted.arch import get_path, layers_of, spec_for, with_hidden
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats
-from ghosted.layer_influence import CRITERIA, SINGLE_PASS, InfluenceConfig, InfluenceReport, influence
-from ghosted.influence_pass import GramSums, TokenWeightedSums, gram_bytes, last_valid_index, recoverability
-from ghosted.selection import select, selections
-from ghosted.solve import ghost_operator, relative_error, stream_error
-from ghosted.text import TokenWindows
+from ghosted.models.architecture import get_path, layers_of, spec_for, with_hidden
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.selection.criteria import CRITERIA, SINGLE_PASS, InfluenceConfig, InfluenceReport, influence
+from ghosted.selection.sums import GramSums, TokenWeightedSums, gram_bytes, last_valid_index, recoverability
+from ghosted.selection.rules import select, selections
+from ghosted.recovery.solvers import ghost_operator, relative_error, stream_error
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 from tests.tolerance import FLOAT64_REL, TINY_MODEL_TOL
 

@@ -12,11 +12,12 @@ import pandas as pd
 import pytest
 import transformers as tf
 
-from ghosted import grid as grid_module
-from ghosted import pipeline, stats_cache
+from ghosted.experiments import grid as grid_module
+from ghosted.experiments import run as pipeline
+from ghosted.calibration import cache as stats_cache
 from ghosted.cli import main
-from ghosted.grid import run_grid
-from ghosted.pipeline import RunConfig, run_experiment
+from ghosted.experiments.grid import run_grid
+from ghosted.experiments.run import RunConfig, run_experiment
 from tests.tiny import tiny_model
 from tests.unit.test_grid import small_config, tiny_loaded
 from tests.unit.test_stats_cache import loaded
@@ -123,7 +124,7 @@ def test_a_normal_run_is_complete(tmp_path, monkeypatch):
 
 CTRL_C_SCRIPT = """
 import sys
-from ghosted import pipeline
+from ghosted.experiments import run as pipeline
 from ghosted.cli import main, run
 from tests.unit.test_grid import tiny_loaded
 

@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 import transformers as tf
 
-from ghosted.lastword import (MAX_WORDS, MIN_WORDS, SIZE, TASK, encode_pair, examples, max_length, protocol,
-                              qualifies, score_lastword)
-from ghosted.pruning import prune
-from ghosted.recover import recover
-from ghosted.text import TokenWindows, resolve_source
+from ghosted.evaluation.lastword import (MAX_WORDS, MIN_WORDS, SIZE, TASK, encode_pair, examples, max_length, protocol,
+                                         qualifies, score_lastword)
+from ghosted.models.pruning import prune
+from ghosted.recovery.fitting import recover
+from ghosted.data.windows import TokenWindows
+from ghosted.data.sources import resolve_source
 from tests.tiny import random_ids, tiny_model
 from tests.unit.test_grid import CharTokenizer
 
@@ -105,7 +106,7 @@ def test_shared_prefix_scoring_equals_scoring_each_variant_alone():
 
 def lm_eval_scores(model, tokenizer, limit: int) -> dict:
     """acc and mean log-likelihood of ``bundled-lastword`` computed by lm-evaluation-harness (HFLM)."""
-    from ghosted.zeroshot import evaluate_tasks
+    from ghosted.evaluation.zeroshot import evaluate_tasks
 
     run = evaluate_tasks({"m": model}, tokenizer, [TASK], limit=limit, ghosted_scorer=False)
     assert run.protocols[TASK]["scorer"].startswith("lm-evaluation-harness") and not run.skipped

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ghosted.assets import bundled_gguf_path
-from ghosted.loading import ModelLoadError, load_model, resolve_device, resolve_dtype, source_kind
+from ghosted.models.assets import bundled_gguf_path
+from ghosted.models.loading import ModelLoadError, load_model, resolve_device, resolve_dtype, source_kind
 from tests.tiny import tiny_model
 
 

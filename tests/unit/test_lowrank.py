@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from ghosted.export import load_recovered, read_recipe, save_recovered
-from ghosted.lowrank import default_rank, lowrank_factors, lowrank_operator
-from ghosted.operators import LowRankOperator
-from ghosted.patch import operators_of
-from ghosted.recover import METHODS, RecoveryConfig, recover
-from ghosted.solve import ghost_operator
-from ghosted.stats import BoundaryAccumulator
+from ghosted.operators.checkpoint import load_recovered, save_recovered
+from ghosted.models.loading import read_recipe
+from ghosted.recovery.lowrank import default_rank, lowrank_factors, lowrank_operator
+from ghosted.operators.modules import LowRankOperator
+from ghosted.operators.sites import operators_of
+from ghosted.recovery.fitting import METHODS, RecoveryConfig, recover
+from ghosted.recovery.solvers import ghost_operator
+from ghosted.calibration.stats import BoundaryAccumulator
 from tests.tiny import random_ids, tiny_model
 
 

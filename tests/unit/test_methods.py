@@ -1,12 +1,12 @@
-"""The method registry (ghosted.methods) and the commands that print it and the selection criteria."""
+"""The method registry (ghosted.recovery.methods) and the commands that print it and the selection criteria."""
 
 from pathlib import Path
 
 import pytest
 
-from ghosted import methods, recover
+from ghosted.recovery import methods, fitting as recover
 from ghosted.cli import build_parser, main
-from ghosted.layer_influence import ALIASES, CRITERIA
+from ghosted.selection.criteria import ALIASES, CRITERIA
 
 ROOT = Path(__file__).resolve().parents[2]
 KINDS = {methods.STREAM, methods.BRANCH, methods.WEIGHTS, methods.TRAINED, methods.NONE}
@@ -20,8 +20,8 @@ def readme_table() -> str:
 
 def test_readme_method_table_is_the_registry():
     assert readme_table() == methods.markdown_table(), (
-        "README.md's method table differs from ghosted/methods.py: run "
-        "`python -c 'from ghosted.methods import update_readme; update_readme()'`")
+        "README.md's method table differs from ghosted/recovery/methods.py: run "
+        "`python -c 'from ghosted.recovery.methods import update_readme; update_readme()'`")
 
 
 def test_recover_methods_are_the_registry_and_keep_their_kinds():
@@ -111,8 +111,8 @@ def _fit_half_step(stats, heldout, cfg):
     """A method for the test below: W = I + M/2, half the paper's correction."""
     import torch
 
-    from ghosted.assemble import GapFit
-    from ghosted.solve import ghost_operator
+    from ghosted.operators.assembly import GapFit
+    from ghosted.recovery.solvers import ghost_operator
 
     w = ghost_operator(stats, eps=cfg.eps)
     eye = torch.eye(w.shape[0], dtype=w.dtype)

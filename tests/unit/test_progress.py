@@ -142,7 +142,7 @@ def test_counted_reports_each_item_once_it_is_done_and_an_empty_loop_reports_not
 
 
 def test_perplexity_reports_one_step_per_batch_and_is_silent_by_default(capfd):
-    from ghosted.evaluation import perplexity
+    from ghosted.evaluation.perplexity import perplexity
 
     model, recorder = tiny_model("llama"), Recorder()
     silent_result = perplexity(model, windows(5), batch_size=2)
@@ -153,8 +153,8 @@ def test_perplexity_reports_one_step_per_batch_and_is_silent_by_default(capfd):
 
 
 def test_recover_reports_every_stage_to_its_end():
-    from ghosted.calibration import CalibrationConfig
-    from ghosted.recover import RecoveryConfig, recover
+    from ghosted.calibration.collect import CalibrationConfig
+    from ghosted.recovery.fitting import RecoveryConfig, recover
 
     recorder = Recorder()
     config = RecoveryConfig(calibration=CalibrationConfig(batch_size=4))
@@ -166,7 +166,7 @@ def test_recover_reports_every_stage_to_its_end():
 
 
 def test_sequential_fits_report_each_gap():
-    from ghosted.recover import RecoveryConfig, recover
+    from ghosted.recovery.fitting import RecoveryConfig, recover
 
     recorder = Recorder()
     recover(tiny_model("llama"), "1,4", ["ghost"], windows(4), windows(2, seed=1),
@@ -179,7 +179,7 @@ def test_sequential_fits_report_each_gap():
 
 
 def test_influence_reports_the_pass_and_the_per_layer_criteria():
-    from ghosted.layer_influence import InfluenceConfig, influence
+    from ghosted.selection.criteria import InfluenceConfig, influence
 
     recorder = Recorder()
     influence(tiny_model("llama"), windows(4), InfluenceConfig(metrics=["block_influence", "ppl_single", "sleb"],

@@ -6,15 +6,16 @@ import torch
 import transformers as tf
 from transformers import AutoModelForCausalLM
 
-from ghosted.assemble import GapFit, assemble
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats
-from ghosted.capture import tap
-from ghosted.export import OPERATORS_FILE, read_recipe, save_recovered
-from ghosted.patch import operators_of
-from ghosted.prunecomp import compensate, magnitude_scale, writers_of
-from ghosted.recover import recover
-from ghosted.selection import select
-from ghosted.text import TokenWindows
+from ghosted.operators.assembly import GapFit, assemble
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.models.capture import tap
+from ghosted.models.loading import OPERATORS_FILE, read_recipe
+from ghosted.operators.checkpoint import save_recovered
+from ghosted.operators.sites import operators_of
+from ghosted.recovery.prunecomp import compensate, magnitude_scale, writers_of
+from ghosted.recovery.fitting import recover
+from ghosted.selection.rules import select
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_config, tiny_model
 
 

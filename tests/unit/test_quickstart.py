@@ -40,12 +40,12 @@ def test_public_api_has_docstrings_with_examples():
 
 
 def test_api_names_are_functions_even_after_their_modules_are_imported():
-    import ghosted.evaluation
-    import ghosted.pruning  # noqa: F401  (binds ghosted.pruning, must not touch ghosted.prune)
+    import ghosted.evaluation.perplexity
+    import ghosted.models.pruning  # noqa: F401  (binds ghosted.models.pruning, must not touch ghosted.prune)
 
     for name in ("calibrate", "influence", "prune", "evaluate", "generate"):
         assert isinstance(getattr(ghosted, name), types.FunctionType), name
-    assert ghosted.pruning.parse_layers("3,7,9-11") == [3, 7, 9, 10, 11]
+    assert ghosted.models.pruning.parse_layers("3,7,9-11") == [3, 7, 9, 10, 11]
 
 
 @pytest.mark.slow
@@ -73,7 +73,7 @@ def test_quickstart_runs(bundled, tmp_path, monkeypatch, capsys):
 
 
 def tiny_windows(n: int = 6, length: int = 16):
-    from ghosted.text import TokenWindows
+    from ghosted.data.windows import TokenWindows
     from tests.tiny import random_ids
 
     ids = random_ids(n, length, seed=2)

@@ -5,12 +5,12 @@ import types
 import pytest
 import torch
 
-from ghosted.arch import layers_of
-from ghosted.calibration import CalibrationConfig, Gap, collect_stats
-from ghosted.capture import tap
-from ghosted.patch import operators_of
-from ghosted.recover import RecoveryConfig, recover
-from ghosted.solve import stream_error
+from ghosted.models.architecture import layers_of
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.models.capture import tap
+from ghosted.operators.sites import operators_of
+from ghosted.recovery.fitting import RecoveryConfig, recover
+from ghosted.recovery.solvers import stream_error
 from tests.tiny import random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL, assert_close_on_scale
 
@@ -113,7 +113,7 @@ def test_ghost_reduces_the_boundary_error_on_fit_tokens():
     model = tiny_model("llama", layers=6)
     w = windows(8, 32)
     stats = collect_stats(model, w, [Gap(2, 3)])[Gap(2, 3)]
-    from ghosted.solve import ghost_operator, relative_error
+    from ghosted.recovery.solvers import ghost_operator, relative_error
     rel = relative_error(stats, stream_error(stats, ghost_operator(stats)))
     assert 0 <= rel < 1
 
@@ -159,7 +159,7 @@ def test_sequential_mode_fits_on_the_patched_stream():
 def test_recovering_an_already_pruned_model_uses_its_own_positions(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ghosted.pruning import prune
+    from ghosted.models.pruning import prune
 
     model = tiny_model("llama", layers=8)
     pruned = prune(model, [0])

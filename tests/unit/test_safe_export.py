@@ -15,12 +15,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import ghosted
-from ghosted.assets import publish_folder
+from ghosted.models.assets import publish_folder
 from ghosted.cli import main
-from ghosted.export import OPERATORS_FILE, RECIPE_FILE, load_recovered, read_recipe, save_recovered
-from ghosted.loading import LoadedModel, load_model
-from ghosted.recover import recover
-from ghosted.text import TokenWindows
+from ghosted.models.loading import OPERATORS_FILE, RECIPE_FILE, read_recipe
+from ghosted.operators.checkpoint import load_recovered, save_recovered
+from ghosted.models.loading import LoadedModel, load_model
+from ghosted.recovery.fitting import recover
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 
 IDS = random_ids(2, 12, seed=3)
@@ -184,7 +185,7 @@ def test_a_failed_save_leaves_the_previous_folder_intact(run, saved, monkeypatch
 
 
 def test_a_failed_rename_puts_the_old_folder_back(tmp_path, monkeypatch):
-    import ghosted.assets as assets
+    import ghosted.models.assets as assets
 
     target, staged = tmp_path / "w" / "model", tmp_path / "w" / ".model.tmp-1"
     target.mkdir(parents=True)
@@ -218,7 +219,7 @@ def test_leftovers_of_a_killed_save_are_cleaned_and_a_moved_aside_folder_restore
     aside.mkdir()
     (aside / "config.json").write_text("{}")
     (work / "model.tmp-7").mkdir()  # not ours (no leading dot): never touched
-    from ghosted.assets import remove_stale_temps
+    from ghosted.models.assets import remove_stale_temps
 
     remove_stale_temps(target)
     assert snapshot(target) == {"config.json": (2, hashlib.sha256(b"{}").hexdigest())}
@@ -377,7 +378,7 @@ def test_cli_refuses_bad_targets_before_loading_the_model(model_folder, own_cach
 
 
 def test_cli_refuses_the_bundled_model_folder(no_loading, capsys):
-    from ghosted.assets import bundled_gguf_path
+    from ghosted.models.assets import bundled_gguf_path
 
     try:
         folder = bundled_gguf_path().parent

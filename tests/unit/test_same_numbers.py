@@ -25,8 +25,8 @@ import types
 import pytest
 import torch
 
-from ghosted.evaluation import perplexity
-from ghosted.recover import RecoveryConfig, recover
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.recovery.fitting import RecoveryConfig, recover
 from tests.tiny import VOCAB, random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL, float32_tol
 
@@ -109,8 +109,8 @@ def test_tiny_model_gives_the_recorded_numbers():
 
 @pytest.mark.slow
 def test_bundled_model_gives_the_recorded_numbers(bundled):
-    from ghosted.pipeline import split_calibration
-    from ghosted.text import calibration_windows, evaluation_windows
+    from ghosted.data.windows import split_calibration
+    from ghosted.data.windows import calibration_windows, evaluation_windows
 
     assert len(bundled.tokenizer) == BUNDLED_VOCAB
     drawn = calibration_windows(bundled.tokenizer, "bundled:news", n_seqs=12, seq_len=128, seed=0)

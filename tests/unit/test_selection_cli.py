@@ -13,10 +13,10 @@ import pytest
 
 from ghosted.cli import main
 from ghosted.cli.influence import _recoverability_n, parse_metrics
-from ghosted.layer_influence import CRITERIA, InfluenceConfig, influence
-from ghosted.pipeline import split_calibration
-from ghosted.selection import select
-from ghosted.text import calibration_windows
+from ghosted.selection.criteria import CRITERIA, InfluenceConfig, influence
+from ghosted.data.windows import split_calibration
+from ghosted.selection.rules import select
+from ghosted.data.windows import calibration_windows
 
 TEXT = ["--calib-seqs", "2", "--seq-len", "48", "--heldout-seqs", "1"]
 

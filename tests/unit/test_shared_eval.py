@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from ghosted.arch import embedding_of, layers_of
-from ghosted.evaluation import perplexity
-from ghosted.recover import BRANCH_METHODS, METHODS, RecoveryConfig, recover
-from ghosted.shared_eval import SuffixView, perplexities, shared_prefix_length
-from ghosted.streamline import StreamlineConfig
-from ghosted.text import TokenWindows
+from ghosted.models.architecture import embedding_of, layers_of
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.recovery.fitting import BRANCH_METHODS, METHODS, RecoveryConfig, recover
+from ghosted.evaluation.shared_prefix import SuffixView, perplexities, shared_prefix_length
+from ghosted.recovery.streamline import StreamlineConfig
+from ghosted.data.windows import TokenWindows
 from tests.tiny import FAMILIES, random_ids, tiny_model
 from tests.tolerance import FLOAT64_REL
 
@@ -158,8 +158,8 @@ def test_share_false_and_progress():
 @pytest.mark.slow
 @pytest.mark.parametrize("drop", ["20-23", "5,9", "0-1"])
 def test_bundled_matches_separate_evaluation(bundled, drop):
-    from ghosted.pipeline import split_calibration
-    from ghosted.text import calibration_windows, evaluation_windows
+    from ghosted.data.windows import split_calibration
+    from ghosted.data.windows import calibration_windows, evaluation_windows
 
     fit, held = split_calibration(calibration_windows(bundled.tokenizer, "bundled:news", 5, 48, 0), 1)
     methods = ["none", "ghost", "linearpatch-rotate"] + ([] if drop.startswith("0") else ["replaceme-ls"])

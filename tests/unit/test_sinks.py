@@ -2,12 +2,12 @@
 
 import torch
 
-from ghosted.diagnostics import residual_gram_of, sink_residual_gram
-from ghosted.assemble import GapFit
-from ghosted.robust import fit_robust
-from ghosted.sinks import SinkDetector, SinkRule, first_valid, fit_sink_map, position_sinks, sink_map_error
-from ghosted.solve import ghost_operator, relative_error, stream_error
-from ghosted.stats import BoundaryAccumulator
+from ghosted.recovery.diagnostics import residual_gram_of, sink_residual_gram
+from ghosted.operators.assembly import GapFit
+from ghosted.recovery.robust import fit_robust
+from ghosted.calibration.sinks import SinkDetector, SinkRule, first_valid, fit_sink_map, position_sinks, sink_map_error
+from ghosted.recovery.solvers import ghost_operator, relative_error, stream_error
+from ghosted.calibration.stats import BoundaryAccumulator
 
 D, T = 16, 32
 

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from ghosted.hadamard import normalized_hadamard
-from ghosted.solve import (
+from ghosted.core.hadamard import normalized_hadamard
+from ghosted.recovery.solvers import (
     cosine_loss,
     ghost_operator,
     linearpatch_operator,
@@ -16,7 +16,7 @@ from ghosted.solve import (
     replaceme_ls,
     stream_error,
 )
-from ghosted.stats import BoundaryAccumulator, BoundaryStats
+from ghosted.calibration.stats import BoundaryAccumulator, BoundaryStats
 
 D = 12  # tiny hidden size whose Hadamard is a Paley matrix
 

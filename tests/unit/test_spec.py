@@ -78,7 +78,7 @@ def test_flag_defaults_equal_the_spec_defaults(name):
     spec = spec_from_args(args, ignore=("n", "methods") if name == "grid" else ())
     want = ExperimentSpec().with_options(drop="1") if name == "export" else ExperimentSpec()
     if name == "grid":
-        from ghosted.grid import grid_base
+        from ghosted.experiments.grid import grid_base
 
         want = grid_base().with_options(methods=spec.methods)
     assert spec == want
@@ -176,7 +176,7 @@ def test_a_recipe_without_a_spec_is_refused_clearly(tmp_path, capsys):
 
 def test_the_api_runs_a_spec_as_the_command_line_does():
     import ghosted
-    from ghosted.pipeline import run_experiment
+    from ghosted.experiments.run import run_experiment
     from tests.unit.test_grid import tiny_loaded
 
     options = dict(drop="2-3", methods=["dense", "ghost"], calib_seqs=4, seq_len=32, heldout_seqs=2, eval_tokens=64,

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ghosted.hadamard import normalized_hadamard
-from ghosted.stats import BoundaryAccumulator, BoundaryStats, TokenReservoir
+from ghosted.core.hadamard import normalized_hadamard
+from ghosted.calibration.stats import BoundaryAccumulator, BoundaryStats, TokenReservoir
 
 D = 8  # tiny hidden size with a Sylvester Hadamard
 

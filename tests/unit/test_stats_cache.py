@@ -11,15 +11,15 @@ import pytest
 import torch
 import transformers as tf
 
-from ghosted.calibration import CalibrationConfig
+from ghosted.calibration.collect import CalibrationConfig
 from ghosted.cli import main
-from ghosted.evaluation import perplexity
-from ghosted.loading import LoadedModel
-from ghosted.pipeline import RunConfig, run_experiment
-from ghosted.pruning import prune
-from ghosted.recover import RecoveryConfig, recover
-from ghosted.stats_cache import StatsCache, model_identity, stats_dir
-from ghosted.text import TokenWindows
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.models.loading import LoadedModel
+from ghosted.experiments.run import RunConfig, run_experiment
+from ghosted.models.pruning import prune
+from ghosted.recovery.fitting import RecoveryConfig, recover
+from ghosted.calibration.cache import StatsCache, model_identity, stats_dir
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 from tests.unit.test_grid import CharTokenizer
 
@@ -218,7 +218,7 @@ RUN = dict(drop="2-3", methods=["dense", "none", "ghost", "replaceme-ls"], calib
 
 
 def test_run_entries_say_computed_then_reused_with_equal_perplexity(folder_model, monkeypatch):
-    from ghosted import stats_cache
+    from ghosted.calibration import cache as stats_cache
 
     first, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model))
     with monkeypatch.context() as patch:  # evaluation needs the model: forbid only the calibration passes
@@ -248,9 +248,9 @@ def test_cache_command_lists_and_clears(folder_model, capsys):
 
 def test_export_after_run_reuses_the_runs_statistics(folder_model, monkeypatch):
     """``export --method ghost-auto`` builds its windows and settings as ``run`` does: no new pass."""
-    from ghosted import stats_cache
-    from ghosted.pipeline import split_calibration
-    from ghosted.text import calibration_windows
+    from ghosted.calibration import cache as stats_cache
+    from ghosted.data.windows import split_calibration
+    from ghosted.data.windows import calibration_windows
 
     settings = {**RUN, "methods": ["dense", "none", "ghost-auto"]}
     run_experiment(RunConfig(**settings), loaded=loaded(folder_model))

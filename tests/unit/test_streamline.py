@@ -4,13 +4,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ghosted.calibration import Gap
-from ghosted.export import OPERATORS_FILE, load_recovered, read_recipe, save_recovered
-from ghosted.operators import FFNOperator
-from ghosted.patch import operators_of
-from ghosted.recover import METHODS, RecoveryConfig, recover
-from ghosted.streamline import StreamlineConfig, _lr_factor, capture_pairs
-from ghosted.text import TokenWindows
+from ghosted.calibration.collect import Gap
+from ghosted.models.loading import OPERATORS_FILE, read_recipe
+from ghosted.operators.checkpoint import load_recovered, save_recovered
+from ghosted.operators.modules import FFNOperator
+from ghosted.operators.sites import operators_of
+from ghosted.recovery.fitting import METHODS, RecoveryConfig, recover
+from ghosted.recovery.streamline import StreamlineConfig, _lr_factor, capture_pairs
+from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 
 IDS = random_ids(2, 14, seed=5)

@@ -8,9 +8,9 @@ import json
 import pytest
 
 from ghosted.cli import build_parser, main
-from ghosted.lastword import TASK, score_lastword
-from ghosted.pipeline import RunConfig, format_table, run_experiment
-from ghosted.protocols import PROTOCOLS, EvalProtocol, protocol_windows, resolve_protocol
+from ghosted.evaluation.lastword import TASK, score_lastword
+from ghosted.experiments.run import RunConfig, format_table, run_experiment
+from ghosted.evaluation.protocols import PROTOCOLS, EvalProtocol, protocol_windows, resolve_protocol
 from tests.unit.test_grid import CharTokenizer, small_config, tiny_loaded
 
 FLAGS = ["--tasks", "--task-limit", "--num-fewshot", "--protocol"]
@@ -33,7 +33,7 @@ def test_help_documents_the_task_and_protocol_flags(command):
 @pytest.fixture(scope="module")
 def tiny_report():
     """A run with the bundled task and an lm-eval task, lm-eval made unavailable (as without the extra)."""
-    import ghosted.zeroshot as zeroshot
+    import ghosted.evaluation.zeroshot as zeroshot
 
     def missing():
         raise zeroshot.ZeroShotUnavailable("Zero-shot accuracy needs lm-evaluation-harness: pip install ...")
@@ -127,7 +127,7 @@ def test_several_texts_give_a_perplexity_each(monkeypatch):
 
 def test_cli_passes_the_task_flags(monkeypatch, tmp_path, capsys):
     import ghosted.cli.run as run_cli
-    import ghosted.pipeline as pipeline
+    import ghosted.experiments.run as pipeline
 
     seen = {}
 
@@ -154,7 +154,7 @@ def test_bad_task_flags_are_clear_errors(flags, message, capsys):
 
 
 def test_grid_scores_tasks_per_setting_and_writes_them(tmp_path):
-    from ghosted.grid import run_grid
+    from ghosted.experiments.grid import run_grid
 
     cfg = small_config(selections=["shortgpt"], n_values=[2], methods=["dense", "none", "ghost"],
                        evals=["bundled:wiki"], tasks=[TASK], task_limit=4)
@@ -171,7 +171,7 @@ def test_grid_scores_tasks_per_setting_and_writes_them(tmp_path):
 
 
 def test_table_shows_normalised_accuracy_and_the_average_where_tasks_have_them():
-    from ghosted.zeroshot import task_columns
+    from ghosted.evaluation.zeroshot import task_columns
 
     report = {"protocol": {"tasks": [{"task": "hellaswag", "metrics": ["acc", "acc_norm"]},
                                      {"task": TASK, "metrics": ["acc", "loglikelihood"]}]},

@@ -14,9 +14,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from ghosted import text, wiki
-from ghosted.text import (SourceUnavailableError, TextSource, calibration_windows,
-                          describe_source, evaluation_windows, list_bundled_sources)
+from ghosted.data import windows as data_windows
+from ghosted.data import sources as text, bundled as wiki
+from ghosted.data.sources import SourceUnavailableError, TextSource, describe_source, list_bundled_sources
+from ghosted.data.windows import calibration_windows, evaluation_windows
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROTOCOL_KEYS = {"source", "part", "n_windows", "seq_len", "tokens", "scored_tokens", "bos",
@@ -229,7 +230,7 @@ def test_windows_never_cross_parts():
 
 def test_bos_prepended_when_tokenizer_adds_it():
     tok, src = word_tokenizer(bos=True), numbered_source()
-    assert text.bos_token_id(tok) == 1
+    assert data_windows.bos_token_id(tok) == 1
     cal = calibration_windows(tok, src, n_seqs=3, seq_len=16, seed=0)
     ev = evaluation_windows(tok, src, n_tokens=32, seq_len=16)
     for w in (cal, ev):
@@ -237,7 +238,7 @@ def test_bos_prepended_when_tokenizer_adds_it():
         assert not bool(w.input_ids[:, 1:].eq(1).any())  # BOS only in front
         assert w.protocol["bos"] == "prepended"
         assert w.protocol["scored_tokens"] == w.input_ids.shape[0] * 15
-    assert text.bos_token_id(word_tokenizer(bos=False)) is None
+    assert data_windows.bos_token_id(word_tokenizer(bos=False)) is None
 
 
 def test_too_short_text_errors():

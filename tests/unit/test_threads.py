@@ -26,11 +26,11 @@ GAP = (2, 4)  # layers 2-3 removed
 
 def numbers() -> dict:
     """Block influence, recoverability, a ghost operator and a perplexity of a tiny llama."""
-    from ghosted.calibration import CalibrationConfig, Gap, collect_stats
-    from ghosted.evaluation import perplexity
-    from ghosted.layer_influence import InfluenceConfig, influence
-    from ghosted.solve import ghost_operator
-    from ghosted.text import TokenWindows
+    from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+    from ghosted.evaluation.perplexity import perplexity
+    from ghosted.selection.criteria import InfluenceConfig, influence
+    from ghosted.recovery.solvers import ghost_operator
+    from ghosted.data.windows import TokenWindows
 
     torch.manual_seed(0)
     model = tiny_model("llama", layers=6)

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ghosted.arch import layers_of
-from ghosted.pruning import prune
+from ghosted.models.architecture import layers_of
+from ghosted.models.pruning import prune
 
 TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval_tiny"
 
 
 def test_missing_lm_eval_says_how_to_install(monkeypatch):
-    from ghosted.zeroshot import ZeroShotUnavailable, zero_shot
+    from ghosted.evaluation.zeroshot import ZeroShotUnavailable, zero_shot
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # makes `import lm_eval` fail
     with pytest.raises(ZeroShotUnavailable, match="requirements-eval.txt"):
@@ -24,7 +24,7 @@ def test_missing_lm_eval_says_how_to_install(monkeypatch):
 @pytest.mark.slow
 def test_local_task_scores_in_memory_models_and_skips_unloadable(bundled):
     pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: pip install -r requirements-eval.txt")
-    from ghosted.zeroshot import ZeroShotConfig, zero_shot
+    from ghosted.evaluation.zeroshot import ZeroShotConfig, zero_shot
 
     pruned = prune(bundled.model, "10-20")
     hooks_before = [len(layer._forward_hooks) + len(layer._forward_pre_hooks) for layer in layers_of(bundled.model)]
@@ -47,7 +47,7 @@ def test_local_task_scores_in_memory_models_and_skips_unloadable(bundled):
 
 def test_unknown_task_is_skipped_not_fatal():
     pytest.importorskip("lm_eval", reason="lm-eval is an optional extra: pip install -r requirements-eval.txt")
-    from ghosted.zeroshot import ZeroShotConfig, zero_shot
+    from ghosted.evaluation.zeroshot import ZeroShotConfig, zero_shot
 
     cfg = ZeroShotConfig(tasks=["no_such_task_anywhere"], include_path=str(TASKS), include_defaults=False)
     res = zero_shot({"m": object()}, tokenizer=None, config=cfg, progress=lambda stage, done, total: None)

@@ -1,0 +1,371 @@
+"""Calibration statistics kept on disk, so that the same calibration pass never runs twice.
+
+The float64 statistics of a calibration pass (``calibration.collect_stats``) are the expensive part
+of every recovery on a large model: one forward pass over every calibration window. Each finished
+pass is saved here (tensors in safetensors, metadata in a small JSON file next to it) under a key
+made of everything that determines it:
+
+  * a cheap identity of the model (``model_identity``): the hub commit when the model came from the
+    hub; the GGUF's sha256 for the bundled model or a converted .gguf (already the name of its
+    converted folder); otherwise the names, sizes and modification times of its folder's files.
+    Never a hash of the weights. In-memory variants built by ghosted (pruned views, recovered
+    models) have no such identity and are not cached;
+  * the dtype and device type the pass ran in, the torch and transformers versions and the attention
+    implementation (the code that computes the stream);
+  * the sha256 of the calibration windows (input ids and attention mask);
+  * the gaps, and every setting that changes the statistics (``CalibrationConfig``: batch size,
+    ReplaceMe and LinearPatch sums, reservoir size, seed; the sink rule).
+
+A later ``run``, ``export``, grid cell or app action with the same key loads the statistics instead
+of running the model; ``--no-cache`` turns this off. Entries are written atomically (a temporary file
+renamed into place, the JSON last), and an entry that cannot be read back is ignored with a warning
+and recomputed. The folder is ``$GHOSTED_STATS_CACHE``, else ``ghosted.models.assets.cache_dir() / "stats"``.
+Statistics grow with the width squared (about 1.3 GB per gap and pass at d = 4096), so the least
+recently used entries are deleted beyond ``$GHOSTED_STATS_CACHE_GB`` (default 20 GB).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import shutil
+import uuid
+import warnings
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ghosted.models.assets import cache_dir, file_sha256
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.core.progress import Progress, for_stage
+from ghosted.calibration.stats import BoundaryStats, TokenReservoir
+from ghosted.models.architecture import has_operators
+
+FORMAT = 1  # bump when the stored layout changes: older entries then simply stop matching
+DEFAULT_LIMIT_GB = 20.0  # total size kept on disk unless $GHOSTED_STATS_CACHE_GB says otherwise
+_SCALARS = ("start", "end", "dim", "n_tokens", "n_samples")  # BoundaryStats fields kept in the JSON
+
+
+def stats_dir() -> Path:
+    """The folder holding the entries (``$GHOSTED_STATS_CACHE`` overrides the default)."""
+    env = os.environ.get("GHOSTED_STATS_CACHE")
+    return Path(env) if env else cache_dir() / "stats"
+
+
+# --- identity ---------------------------------------------------------------------------------------
+
+def model_identity(model: nn.Module) -> dict | None:
+    """A cheap identity of the checkpoint ``model`` was loaded from, or None if it has none.
+
+    None for models built in memory (no folder, no hub commit) and for ghosted's own variants
+    (pruned views and recovered models carry ``ghosted_layers``): a folded ReplaceMe map changes
+    a weight in place without a trace that could be checked without hashing the weights.
+    """
+    if hasattr(model, "ghosted_layers") or has_operators(model):
+        return None
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or "")
+    if not name:
+        return None
+    path = Path(name)
+    if path.is_dir():
+        converted = cache_dir() / "models"
+        if path.resolve().parent == converted.resolve():  # a converted GGUF: named by its sha256
+            return {"gguf_sha256": path.name}
+        return {"folder": str(path.resolve()), "files": folder_fingerprint(path)}
+    commit = getattr(config, "_commit_hash", None)
+    return {"hub": name, "revision": commit} if commit else None
+
+
+def folder_fingerprint(folder: Path) -> list[list]:
+    """[name, size, mtime_ns] of every file in ``folder`` (recursively), sorted by name."""
+    rows = []
+    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+        stat = file.stat()
+        rows.append([str(file.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
+    return rows
+
+
+def windows_hash(windows) -> str:
+    """sha256 of the windows' input ids and attention mask (shapes and dtypes included)."""
+    digest = hashlib.sha256()
+    mask = getattr(windows, "attention_mask", None)
+    for tensor in (windows.input_ids, mask):
+        if tensor is None:
+            digest.update(b"none")
+            continue
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{tuple(t.shape)}{t.dtype}".encode())
+        digest.update(t.numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _dtype_device(model: nn.Module) -> tuple[str, str]:
+    param = next(model.parameters())
+    device = "device_map" if getattr(model, "hf_device_map", None) else param.device.type
+    return str(param.dtype).replace("torch.", ""), device
+
+
+def _rule_of(detector) -> dict | None:
+    if detector is None:
+        return None
+    return {k: v for k, v in asdict(detector.rule).items()}
+
+
+def cache_key(identity: dict, model: nn.Module, windows, gaps: list[Gap], config: CalibrationConfig,
+              detector=None) -> dict:
+    """Everything that determines a calibration pass's statistics, as plain JSON."""
+    import transformers
+
+    dtype, device = _dtype_device(model)
+    code = {"torch": torch.__version__, "transformers": transformers.__version__,  # the model's code and kernels
+            "attention": getattr(getattr(model, "config", None), "_attn_implementation", None)}
+    return {"format": FORMAT, "model": identity, "dtype": dtype, "device": device, "code": code,
+            "windows": windows_hash(windows), "tokens": int(windows.input_ids.numel()),
+            "gaps": [[g.start, g.end] for g in gaps], "calibration": asdict(config),
+            "sinks": _rule_of(detector)}
+
+
+def key_digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+# --- (de)serialising ---------------------------------------------------------------------------------
+
+def _flatten(stats: dict[Gap, BoundaryStats]) -> tuple[dict[str, torch.Tensor], dict]:
+    """Tensors by name ('start-end/field', '.../sink/field', '.../reservoir/m') and scalar metadata."""
+    tensors, meta = {}, {}
+    for gap, s in stats.items():
+        prefix = f"{gap.start}-{gap.end}"
+        meta[prefix] = _flatten_one(s, prefix, tensors)
+        if s.sink is not None:
+            meta[prefix]["sink"] = _flatten_one(s.sink, prefix + "/sink", tensors)
+        if s.replaceme_samples is not None:
+            r = s.replaceme_samples
+            tensors[prefix + "/reservoir/m"] = r.m.detach().cpu().contiguous()
+            tensors[prefix + "/reservoir/target"] = r.target.detach().cpu().contiguous()
+            meta[prefix]["reservoir"] = {"capacity": r.capacity, "seen": r.seen}
+        meta[prefix]["device"] = str(s.xtx.device)
+    return tensors, meta
+
+
+def _flatten_one(s: BoundaryStats, prefix: str, tensors: dict) -> dict:
+    for f in fields(s):
+        value = getattr(s, f.name)
+        if isinstance(value, torch.Tensor):
+            tensors[f"{prefix}/{f.name}"] = value.detach().cpu().contiguous()
+    return {name: getattr(s, name) for name in _SCALARS}
+
+
+def _unflatten(tensors: dict[str, torch.Tensor], meta: dict, device_of) -> dict[Gap, BoundaryStats]:
+    out = {}
+    for prefix, info in meta.items():
+        start, end = (int(x) for x in prefix.split("-"))
+        stats = _unflatten_one(tensors, prefix, info)
+        if "sink" in info:
+            stats.sink = _unflatten_one(tensors, prefix + "/sink", info["sink"])
+        if "reservoir" in info:
+            r = info["reservoir"]
+            stats.replaceme_samples = TokenReservoir(
+                capacity=r["capacity"], m=tensors[prefix + "/reservoir/m"],
+                target=tensors[prefix + "/reservoir/target"], seen=r["seen"])
+        out[Gap(start, end)] = stats.to(device_of(info.get("device", "cpu")))
+    return out
+
+
+def _unflatten_one(tensors: dict, prefix: str, info: dict) -> BoundaryStats:
+    tensor_fields = {f.name: tensors[f"{prefix}/{f.name}"] for f in fields(BoundaryStats)
+                     if f"{prefix}/{f.name}" in tensors}
+    return BoundaryStats(**{name: info[name] for name in _SCALARS}, **tensor_fields)
+
+
+def _device_or_cpu(name: str) -> torch.device:
+    """The device the statistics were on, if this machine has it; the CPU otherwise."""
+    device = torch.device(name)
+    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
+        return torch.device("cpu")
+    return device
+
+
+def _detector_state(detector) -> dict | None:
+    if detector is None:
+        return None
+    return {"norm_threshold": detector.rule.norm_threshold, "flagged": detector.flagged,
+            "tokens": detector.tokens, "position_counts": {str(k): v for k, v in detector.position_counts.items()}}
+
+
+def _restore_detector(detector, state: dict | None) -> None:
+    """Leave ``detector`` as the pass would have: the frozen norm threshold and what it flagged."""
+    if detector is None or state is None:
+        return
+    detector.rule.norm_threshold = state["norm_threshold"]
+    detector.flagged, detector.tokens = state["flagged"], state["tokens"]
+    detector.position_counts = {int(k): v for k, v in state["position_counts"].items()}
+
+
+# --- the cache ----------------------------------------------------------------------------------------
+
+@dataclass
+class CacheEntry:
+    """One stored pass, as ``python -m ghosted cache`` lists it."""
+
+    digest: str  # file stem of the entry
+    model: str  # short description of the model identity
+    gaps: str  # e.g. "[20, 27)"
+    tokens: int  # calibration tokens (windows x length)
+    bytes: int  # size on disk
+    created: str  # UTC time it was written
+
+
+class StatsCache:
+    """The on-disk statistics cache (``folder``: ``stats_dir()`` unless given)."""
+
+    def __init__(self, folder: str | Path | None = None, limit_gb: float | None = None):
+        self.folder = Path(folder) if folder else stats_dir()
+        self.limit_gb = limit_gb if limit_gb is not None else float(
+            os.environ.get("GHOSTED_STATS_CACHE_GB", DEFAULT_LIMIT_GB))  # older entries go beyond this
+
+    def _paths(self, digest: str) -> tuple[Path, Path]:
+        return self.folder / f"{digest}.safetensors", self.folder / f"{digest}.json"
+
+    def load(self, key: dict, detector=None) -> dict[Gap, BoundaryStats] | None:
+        """The stored statistics for ``key``, or None (missing or unreadable: warns, never raises)."""
+        digest = key_digest(key)
+        tensors_path, meta_path = self._paths(digest)
+        if not meta_path.exists():
+            return None
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("key") != json.loads(json.dumps(key, default=str)):
+                raise ValueError("its key does not match its file name")
+            if file_sha256(tensors_path) != meta["sha256"]:
+                raise ValueError("its tensor file was changed or truncated")
+            from safetensors.torch import load_file
+
+            stats = _unflatten(load_file(str(tensors_path)), meta["stats"], _device_or_cpu)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
+            warnings.warn(f"Ignoring the unreadable calibration statistics in {meta_path} ({err}); "
+                          "computing them again.", RuntimeWarning, stacklevel=3)
+            return None
+        _restore_detector(detector, meta.get("detector"))
+        os.utime(meta_path)  # recently used: the last to be evicted
+        return stats
+
+    def store(self, key: dict, stats: dict[Gap, BoundaryStats], detector=None) -> Path:
+        """Write one entry atomically: the tensors, then the JSON that makes the entry visible."""
+        from safetensors.torch import save_file
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        digest = key_digest(key)
+        tensors_path, meta_path = self._paths(digest)
+        tensors, stats_meta = _flatten(stats)
+        tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp_tensors = tensors_path.with_name(tensors_path.name + tag)
+        tmp_meta = meta_path.with_name(meta_path.name + tag)
+        try:
+            save_file(tensors, str(tmp_tensors))
+            meta = {"key": key, "stats": stats_meta, "detector": _detector_state(detector),
+                    "sha256": file_sha256(tmp_tensors), "bytes": tmp_tensors.stat().st_size,
+                    "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
+            tmp_meta.write_text(json.dumps(meta, indent=1, default=str))
+            os.replace(tmp_tensors, tensors_path)
+            os.replace(tmp_meta, meta_path)  # last: the entry exists only once both are complete
+        finally:
+            for tmp in (tmp_tensors, tmp_meta):
+                tmp.unlink(missing_ok=True)
+        self.evict(keep=digest)
+        return meta_path
+
+    def evict(self, keep: str = "") -> list[str]:
+        """Delete the least recently used entries until the total is within ``limit_gb``; never ``keep``."""
+        entries = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)  # oldest first
+        sizes = {p: p.stat().st_size + _size(p.with_suffix(".safetensors")) for p in entries}
+        total, removed = sum(sizes.values()), []
+        for meta_path in entries:
+            if total <= self.limit_gb * 2**30:
+                break
+            if meta_path.stem == keep:
+                continue
+            meta_path.unlink(missing_ok=True)  # the JSON first: the entry is gone before its tensors are
+            meta_path.with_suffix(".safetensors").unlink(missing_ok=True)
+            total -= sizes[meta_path]
+            removed.append(meta_path.stem)
+        return removed
+
+    def entries(self) -> list[CacheEntry]:
+        """Every readable entry, newest first (unreadable JSON files are listed as such)."""
+        found = []
+        for meta_path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+            tensors_path = meta_path.with_suffix(".safetensors")
+            size = (tensors_path.stat().st_size if tensors_path.exists() else 0) + meta_path.stat().st_size
+            try:
+                meta = json.loads(meta_path.read_text())
+                key = meta["key"]
+                gaps = ", ".join(f"[{s}, {e})" for s, e in key["gaps"])
+                found.append(CacheEntry(meta_path.stem, describe_identity(key["model"]), gaps,
+                                        int(key["tokens"]), size, meta.get("created", "")))
+            except (OSError, ValueError, KeyError, TypeError):
+                found.append(CacheEntry(meta_path.stem, "(unreadable entry)", "", 0, size, ""))
+        return sorted(found, key=lambda e: e.created, reverse=True)
+
+    def clear(self) -> int:
+        """Delete every entry (and stray temporary files); returns the bytes freed."""
+        if not self.folder.is_dir():
+            return 0
+        freed = sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
+        shutil.rmtree(self.folder)
+        return freed
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def describe_identity(identity: dict) -> str:
+    """One short line for a model identity (the cache listing)."""
+    if "gguf_sha256" in identity:
+        return f"gguf sha256 {identity['gguf_sha256']}"
+    if "hub" in identity:
+        return f"{identity['hub']}@{str(identity['revision'])[:12]}"
+    if "folder" in identity:
+        return f"{identity['folder']} ({len(identity.get('files', []))} files)"
+    return json.dumps(identity)[:60]
+
+
+def resolve_cache(cache) -> StatsCache | None:
+    """``True`` -> the default cache, ``False``/``None`` -> none, a ``StatsCache`` -> itself."""
+    if cache is True:
+        return StatsCache()
+    return cache or None
+
+
+def collect_cached(cache: StatsCache | None, identity: dict | None, model: nn.Module, windows,
+                   gaps: list[Gap], config: CalibrationConfig, *, sink_detector=None,
+                   progress: Progress | None = None, label: str = "calibration"
+                   ) -> tuple[dict[Gap, BoundaryStats], str]:
+    """``collect_stats`` through the cache: (statistics, "reused" or "computed").
+
+    Without a cache or an identity this is ``collect_stats`` itself. A stored entry is returned
+    without any forward pass; otherwise the pass runs and its statistics are stored as soon as it
+    finishes (a failure to write warns and does not stop the run).
+    """
+    if cache is None or identity is None:
+        return collect_stats(model, windows, gaps, config, sink_detector=sink_detector,
+                             progress=progress, label=label), "computed"
+    key = cache_key(identity, model, windows, gaps, config, sink_detector)
+    stored = cache.load(key, sink_detector)
+    if stored is not None and set(stored) == set(gaps):
+        for_stage(progress, f"{label} (reused)")(1, 1)
+        return stored, "reused"
+    stats = collect_stats(model, windows, gaps, config, sink_detector=sink_detector, progress=progress,
+                          label=label)
+    try:
+        cache.store(key, stats, sink_detector)
+    except OSError as err:
+        warnings.warn(f"Could not save calibration statistics to {cache.folder} ({err}); "
+                      "the run goes on without caching them.", RuntimeWarning, stacklevel=2)
+    return stats, "computed"

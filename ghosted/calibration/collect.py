@@ -1,0 +1,158 @@
+"""Streaming calibration: one forward pass, float64 statistics per gap, no stored activations.
+
+A *gap* is a contiguous run of removed layers [start, end). Its statistics pair X, the stream
+entering ``start``, with Y, the stream entering ``end``; ReplaceMe also needs m, the MLP-branch
+output of layer start-1. All gaps are served by a single forward pass that stops right after the
+deepest boundary needed, and each gap's sums live on the device of its boundary layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ghosted.models.architecture import hidden_size, num_layers
+from ghosted.models.capture import tap
+from ghosted.core.progress import Progress, for_stage
+from ghosted.core.guards import NonFiniteError, nonfinite_cause
+from ghosted.calibration.stats import BoundaryAccumulator, BoundaryStats
+
+SinkDetector = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x (B,T,d), valid (B,T)) -> (B,T) bool
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Removed layers [start, end) in original 0-based indexing."""
+
+    start: int
+    end: int
+
+    @property
+    def layers(self) -> list[int]:
+        return list(range(self.start, self.end))
+
+    def __str__(self) -> str:
+        return f"[{self.start}, {self.end})"
+
+
+def gaps_of(dropped: list[int], granularity: str = "block") -> list[Gap]:
+    """Split dropped layers into gaps: one per contiguous run ("block") or one per layer ("layer")."""
+    dropped = sorted(set(dropped))
+    if granularity == "layer":
+        return [Gap(i, i + 1) for i in dropped]
+    gaps: list[Gap] = []
+    for i in dropped:
+        if gaps and gaps[-1].end == i:
+            gaps[-1] = Gap(gaps[-1].start, i + 1)
+        else:
+            gaps.append(Gap(i, i + 1))
+    return gaps
+
+
+@dataclass
+class CalibrationConfig:
+    """How calibration statistics are gathered."""
+
+    batch_size: int = 4  # windows per forward pass; memory grows with it, statistics do not
+    replaceme: bool = True  # also gather MLP-branch statistics for ReplaceMe
+    reservoir_tokens: int = 16384  # token rows kept for ReplaceMe-cosine (bounded memory)
+    linearpatch: bool = True  # per-sequence channel ratios for LinearPatch
+    seed: int = 0  # reservoir sampling
+
+
+def _batches(windows, batch_size: int):
+    ids = windows.input_ids
+    mask = getattr(windows, "attention_mask", None)
+    if mask is None:
+        mask = torch.ones_like(ids)
+    for start in range(0, ids.size(0), batch_size):
+        yield ids[start:start + batch_size], mask[start:start + batch_size]
+
+
+def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: CalibrationConfig | None = None,
+                  *, x_model: nn.Module | None = None, sink_detector: SinkDetector | None = None,
+                  progress: Progress | None = None, label: str = "calibration") -> dict[Gap, BoundaryStats]:
+    """Float64 statistics of every gap over ``windows``, in one pass over ``model``.
+
+    ``x_model`` (sequential mode) reads X and m from a different, already pruned-and-patched model
+    holding every layer in ``gap.start - 1 .. gap.start`` under its original index; Y always comes
+    from ``model``. ``sink_detector`` flags tokens whose statistics are also kept apart. ``progress``
+    gets one step per batch under the stage ``label``.
+
+    Example:
+        >>> stats = collect_stats(model, calib_windows, [Gap(12, 19)])
+        >>> stats[Gap(12, 19)].xtx.shape     # (576, 576), float64
+    """
+    cfg = config or CalibrationConfig()
+    y_index = _index_map(model)
+    for gap in gaps:
+        if gap.end not in y_index or gap.start >= gap.end:
+            raise ValueError(f"Gap {gap} does not fit this model's layers {sorted(y_index)[:-1]}.")
+    dim = hidden_size(model)
+    use_mlp = cfg.replaceme
+    accumulators: dict[Gap, BoundaryAccumulator] = {}
+    x_source = x_model if x_model is not None else model
+    index = _index_map(x_source)
+    missing = [g for g in gaps if g.start not in index or (use_mlp and g.start > 0 and g.start - 1 not in index)]
+    if missing:
+        raise ValueError(f"Gaps {missing} need layers this model no longer has.")
+    x_bounds = sorted({index[g.start] for g in gaps})
+    mlp_layers = sorted({index[g.start - 1] for g in gaps if use_mlp and g.start > 0})
+    y_bounds = sorted({y_index[g.end] for g in gaps})
+    total = -(-windows.input_ids.size(0) // cfg.batch_size)
+    step = for_stage(progress, label)
+    step(0, total)
+    sequential = x_model is not None
+    with ExitStack() as stack:
+        x_tap = stack.enter_context(tap(
+            x_source, boundaries=x_bounds if sequential else x_bounds + y_bounds, mlp_layers=mlp_layers))
+        y_tap = stack.enter_context(tap(model, boundaries=y_bounds)) if sequential else x_tap
+        for done, (ids, mask) in enumerate(_batches(windows, cfg.batch_size), start=1):
+            got_x = x_tap.run(ids, mask)
+            got_y = y_tap.run(ids, mask) if sequential else got_x
+            for gap in gaps:
+                x = got_x.resid[index[gap.start]]  # (B, T, d)
+                y = got_y.resid[y_index[gap.end]]  # (B, T, d)
+                m = got_x.mlp.get(index[gap.start - 1]) if use_mlp and gap.start > 0 else None
+                if gap not in accumulators:
+                    accumulators[gap] = BoundaryAccumulator(
+                        gap.start, gap.end, dim, device=x.device, with_mlp=m is not None,
+                        lp=cfg.linearpatch, reservoir_tokens=cfg.reservoir_tokens, seed=cfg.seed)
+                valid = mask.to(x.device).bool()  # (B, T)
+                require_finite_activations(gap, (done - 1) * cfg.batch_size, valid, x, y, m)
+                sink = sink_detector(x, valid) if sink_detector else None
+                accumulators[gap].update(x, y.to(x.device), valid, m=m, sink=sink)
+            step(done, total)
+    return {gap: acc.finalize() for gap, acc in accumulators.items()}
+
+
+def require_finite_activations(gap: Gap, first_window: int, valid: torch.Tensor, *streams) -> None:
+    """Stop with ``NonFiniteError`` naming the gap and the windows when a valid token is NaN or inf.
+
+    Checked per batch, before anything is accumulated, so a broken model fails on its first batch
+    rather than after a whole calibration pass. Padding positions are not checked (never used).
+    """
+    bad = torch.zeros_like(valid)  # (B, T) bool
+    for stream in streams:
+        if stream is not None:
+            bad |= ~torch.isfinite(stream).all(dim=-1).to(valid.device)  # (B, T)
+    bad &= valid
+    if bool(bad.any()):
+        rows = sorted({first_window + int(r) for r in bad.nonzero()[:, 0]})
+        dtype = str(next(s for s in streams if s is not None).dtype).replace("torch.", "")
+        raise NonFiniteError(f"Non-finite activations at gap {gap} ({int(bad.sum())} tokens of calibration "
+                             f"windows {rows}): the statistics and every operator would be NaN. Likely cause: "
+                             f"{nonfinite_cause(dtype)}.")
+
+
+def _index_map(model: nn.Module) -> dict[int, int]:
+    """Original layer index -> position in ``model`` (identity for an unpruned model), plus the end."""
+    kept = list(getattr(model, "ghosted_layers", range(num_layers(model))))
+    mapping = {orig: pos for pos, orig in enumerate(kept)}
+    mapping[max(kept) + 1] = len(kept)  # the stream after the last kept layer
+    return mapping
+

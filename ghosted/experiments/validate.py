@@ -1,0 +1,466 @@
+"""Check everything a user can get wrong before any work starts, and describe the work (``--dry-run``).
+
+Two stages, so that a mistake costs seconds, not a calibration pass:
+
+- *config-only* checks (``check_run``, ``check_grid``, ``check_export``, ``check_influence``) need no
+  model: counts and sizes, ``eps``, seeds, method and criterion names, the syntax of a drop spec, the
+  text sources and output paths. Front ends call them before loading the model.
+- *model* checks (``check_run_model``, ...) need the layer count and the model's positions; they run
+  right after loading and always before the first forward pass. ``model_facts`` reads the same facts
+  from a model's config alone (no weights), which is what ``--dry-run`` uses for its plan.
+
+Every check raises ``ValueError`` (a wrong value), ``TypeError`` (a wrong kind of value, e.g. a float
+or a bool where a count or a layer index goes) or ``FileNotFoundError``, with a message that names the
+setting both ways (``calib_seqs (--calib-seqs)``) so the API and the CLI say the same words.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0, 2**32)
+FLAGS = {  # API name -> CLI flag, so one message serves both
+    "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
+    "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
+    "eval_seq_len": "--eval-seq-len", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
+    "rank": "--rank",
+    "n": "--n", "n_values": "--n-values", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
+    "max_gram_gib": "--max-gram-gib",
+}
+
+
+def _label(name: str) -> str:
+    """``calib_seqs (--calib-seqs)``: the setting's API name and its CLI flag."""
+    flag = FLAGS.get(name)
+    return f"{name} ({flag})" if flag else name
+
+
+def is_whole_number(value) -> bool:
+    """True for ints (numpy ints too), never for bools (True would silently mean 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_count(name: str, value, minimum: int = 1) -> int:
+    """A whole number >= ``minimum`` (TypeError for floats, bools and strings; ValueError below it)."""
+    if not is_whole_number(value):
+        raise TypeError(f"{_label(name)} must be a whole number, not {value!r} ({type(value).__name__}).")
+    if value < minimum:
+        raise ValueError(f"{_label(name)} must be at least {minimum}; got {value}.")
+    return int(value)
+
+
+def check_eps(eps, name: str = "eps") -> float:
+    """The ridge: a finite real number >= 0 (NaN or infinity would make every operator NaN)."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real):
+        raise TypeError(f"{_label(name)} must be a number, not {eps!r} ({type(eps).__name__}).")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{_label(name)} must be a finite number >= 0 (e.g. 1e-6); got {eps}.")
+    return float(eps)
+
+
+def check_seed(seed) -> int:
+    """A seed torch and numpy accept: 0 <= seed < 2**32."""
+    check_count("seed", seed, minimum=0)
+    if seed >= SEED_LIMIT:
+        raise ValueError(f"{_label('seed')} must be below 2**32 = {SEED_LIMIT}; got {seed}.")
+    return int(seed)
+
+
+def check_windows(count_name: str, count, len_name: str, length, minimum_count: int = 1) -> None:
+    """A window count (>= ``minimum_count``) and a window length (>= 2: one token predicts the next)."""
+    check_count(count_name, count, minimum_count)
+    check_count(len_name, length, 2)
+
+
+def check_eval_size(tokens, seq_len, tokens_name: str = "eval_tokens", len_name: str = "eval_seq_len") -> None:
+    """Evaluation tokens that fill at least one window of ``seq_len``."""
+    check_windows(tokens_name, tokens, len_name, seq_len)
+    if tokens < seq_len:
+        raise ValueError(f"{_label(tokens_name)} = {tokens} is less than one window of {_label(len_name)} = "
+                         f"{seq_len}: give at least {seq_len} tokens, or a shorter window.")
+
+
+def check_methods(methods) -> list[str]:
+    """A non-empty list of known method names, ``dense`` included (duplicates dropped, order kept)."""
+    from ghosted.recovery.fitting import METHODS
+
+    if isinstance(methods, str):
+        methods = [methods]
+    names = [m.strip() if isinstance(m, str) else m for m in methods]
+    known = ["dense", *METHODS]
+    if not names or not all(names):
+        raise ValueError(f"Give at least one method (--methods), from: {', '.join(known)}.")
+    unknown = [m for m in names if m not in known]
+    if unknown:
+        raise ValueError(f"Unknown method(s) {unknown}; choose from {', '.join(known)}.")
+    return list(dict.fromkeys(names))
+
+
+def check_drop_syntax(spec) -> list[int]:
+    """A drop spec read without the model (indices >= 0, ranges not backwards); the layer count is
+    checked once the model (or its config) is known."""
+    from ghosted.models.pruning import parse_layers
+
+    return parse_layers(spec)
+
+
+def check_drop(spec, n_layers: int) -> list[int]:
+    """A drop spec within the model's layers that leaves at least one of them."""
+    from ghosted.models.pruning import parse_layers
+
+    return parse_layers(spec, n_layers)
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    """A comma list of whole numbers from the command line ("7,11"), or a message naming the flag."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes whole numbers separated by commas, e.g. 7,11; got {text!r}.") from None
+
+
+def check_n(n, n_layers: int | None, name: str = "n") -> int:
+    """How many layers a criterion removes: 1 .. L-1."""
+    check_count(name, n)
+    if n_layers is not None and n > n_layers - 1:
+        raise ValueError(f"{_label(name)} = {n} would remove every layer of this {n_layers}-layer model: "
+                         f"at most {n_layers - 1}.")
+    return int(n)
+
+
+def check_positions(max_positions: int | None, **lengths: int) -> None:
+    """Every window length within the model's positions (``max_position_embeddings``)."""
+    if not max_positions:
+        return
+    for name, length in lengths.items():
+        if length > max_positions:
+            raise ValueError(f"{_label(name)} = {length} is longer than this model's {max_positions} "
+                             f"positions (max_position_embeddings): use at most {max_positions}.")
+
+
+def check_source(source, what: str = "text"):
+    """A text source that can be read: bundled, a hub name, or an existing UTF-8 file (read now)."""
+    from ghosted.data.sources import TextSource, resolve_source
+
+    if not isinstance(source, (str, os.PathLike, TextSource)):
+        raise TypeError(f"The {what} source must be a name or a path, not {type(source).__name__}.")
+    return resolve_source(source)
+
+
+def check_out_file(path, flag: str = "--out") -> None:
+    """An output file path that can be written: not a folder, under a writable folder (checked
+    before the model is loaded, so a typo never costs a model load)."""
+    from ghosted.models.assets import check_can_create
+
+    if not path:
+        return
+    target = Path(path).expanduser()
+    if target.is_dir() or str(path).endswith(("/", "\\")):
+        raise ValueError(f"{flag} {path} is a folder; name a file in it, e.g. {target / 'results.json'}.")
+    check_can_create(target)
+
+
+def check_out_dir(path, flag: str = "--out-dir") -> None:
+    """An output folder: absent (it will be created) or a folder, never an existing file, and
+    under a writable folder."""
+    from ghosted.models.assets import check_can_create
+
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{flag} {path} is a file, not a folder.")
+    if not target.exists():
+        check_can_create(target)
+
+
+# ---- model facts -------------------------------------------------------------------------------
+
+
+@dataclass
+class ModelFacts:
+    """What the checks need from a model: its layer count and positions (None: not known)."""
+
+    layers: int | None
+    max_positions: int | None
+    hidden_size: int | None = None
+    note: str = ""  # why a fact is missing (e.g. a hub config offline)
+
+
+def facts_of_config(config) -> ModelFacts:
+    """Layer count, positions and width from a transformers config (the text config of a VLM)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
+    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    width = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
+    return ModelFacts(layers, positions, width)
+
+
+def facts_of_model(model) -> ModelFacts:
+    """Facts of a loaded model: its real layer count (a pruned model's too) and its config's positions."""
+    from ghosted.models.architecture import num_layers
+
+    facts = facts_of_config(model.config)
+    facts.layers = num_layers(model)
+    return facts
+
+
+def model_facts(source: str, trust_remote_code: bool = False) -> ModelFacts:
+    """Facts from the model's config only, no weights: the bundled or a .gguf model's metadata (or its
+    converted copy), a folder's config.json, or a hub config (unknown facts when it cannot be read)."""
+    from transformers import AutoConfig
+
+    from ghosted.models.assets import bundled_gguf_path, cache_dir, file_sha256
+    from ghosted.models.loading import source_kind
+
+    kind = source_kind(source)
+    try:
+        if kind in ("bundled", "gguf"):
+            gguf = bundled_gguf_path() if kind == "bundled" else Path(source).expanduser()
+            if gguf.is_dir():
+                gguf = sorted(gguf.glob("*.gguf"))[0]
+            converted = cache_dir() / "models" / file_sha256(gguf)[:16]
+            location, extra = (converted, {}) if (converted / "config.json").exists() else (gguf.parent,
+                                                                                             {"gguf_file": gguf.name})
+            return facts_of_config(AutoConfig.from_pretrained(location, **extra))
+        return facts_of_config(AutoConfig.from_pretrained(os.path.expanduser(source),
+                                                          trust_remote_code=trust_remote_code))
+    except (OSError, ValueError, KeyError) as err:
+        if kind != "hub":
+            raise ValueError(f"Could not read the model config of {source}: {err}") from err
+        return ModelFacts(None, None, note=f"config of {source} not readable here ({type(err).__name__}): "
+                                           "layers and positions are checked after loading")
+
+
+# ---- whole commands ----------------------------------------------------------------------------
+
+
+def flat_settings(cfg):
+    """The settings under the command line's flat names: an ``ExperimentSpec`` or ``GridConfig`` flattened
+    (``.flat()``), anything else (parsed flags) as it is."""
+    return cfg.flat() if hasattr(cfg, "flat") else cfg
+
+
+def check_calibration(cfg, min_seqs: int = 1) -> None:
+    """The calibration fields shared by RunConfig, GridConfig and export: sizes, seed, batch, source."""
+    check_windows("calib_seqs", cfg.calib_seqs, "seq_len", cfg.seq_len, min_seqs)
+    check_count("heldout_seqs", cfg.heldout_seqs, minimum=0)
+    check_count("batch_size", cfg.batch_size)
+    check_seed(cfg.seed)
+    check_source(cfg.calib, "calibration")
+
+
+def check_run(cfg) -> None:
+    """Config-only checks of a ``RunConfig`` (before the model is loaded)."""
+    cfg = flat_settings(cfg)
+    from ghosted.selection.criteria import resolve_criterion
+
+    check_calibration(cfg)
+    check_eval_size(cfg.eval_tokens, eval_window(cfg))
+    check_source(cfg.eval, "evaluation")
+    check_eps(cfg.eps)
+    methods = check_methods(cfg.methods)
+    if getattr(cfg, "rank", None) is not None:
+        check_count("rank", cfg.rank)
+    if cfg.select and cfg.drop:
+        raise ValueError("Give either layers to drop (--drop) or a criterion to select them with (--select), "
+                         "not both.")
+    if cfg.select:
+        resolve_criterion(cfg.select, iterative=True)
+        check_n(cfg.n, None)
+    else:
+        drop = check_drop_syntax(cfg.drop)
+        if not drop and any(m != "dense" for m in methods):
+            raise ValueError("Methods other than 'dense' need layers to drop: give --drop (e.g. 20-26) or "
+                             "--select with --n.")
+    if "ghost-auto" in methods and cfg.heldout_seqs < 1:
+        raise ValueError("ghost-auto chooses on held-out calibration windows: give some (--heldout-seqs >= 1).")
+
+
+def check_run_model(cfg, facts: ModelFacts) -> list[int]:
+    """Model checks of a ``RunConfig``: the drop spec or n within the layers, windows within positions."""
+    cfg = flat_settings(cfg)
+    drop = []
+    if facts.layers is not None and cfg.select:
+        check_n(cfg.n, facts.layers)
+    elif facts.layers is not None:
+        drop = check_drop(cfg.drop, facts.layers)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=eval_window(cfg))
+    return drop
+
+
+def eval_window(cfg) -> int:
+    """The perplexity window a run or grid will use: its protocol preset's, else ``eval_seq_len``."""
+    from ghosted.evaluation.protocols import PROTOCOLS
+
+    preset = PROTOCOLS.get(getattr(cfg, "protocol", "") or "")
+    return preset.seq_len if preset else cfg.eval_seq_len
+
+
+def check_grid(cfg) -> None:
+    """Config-only checks of a ``GridConfig``."""
+    cfg = flat_settings(cfg)
+    from ghosted.selection.criteria import resolve_criterion
+
+    check_calibration(cfg)
+    check_eval_size(cfg.eval_tokens, eval_window(cfg))
+    if not cfg.selections:
+        raise ValueError("Give at least one selection criterion (--selections).")
+    for name in cfg.selections:
+        resolve_criterion(name)
+    if not cfg.n_values:
+        raise ValueError("Give at least one number of layers to remove (--n).")
+    for n in cfg.n_values:
+        check_n(n, None)
+    check_methods(cfg.methods)
+    if not cfg.evals:
+        raise ValueError("Give at least one evaluation text (--evals).")
+    for source in cfg.evals:
+        check_source(source, "evaluation")
+
+
+def check_grid_model(cfg, facts: ModelFacts) -> None:
+    """Model checks of a ``GridConfig``: every n removes fewer than all layers; windows within positions."""
+    cfg = flat_settings(cfg)
+    for n in cfg.n_values:
+        check_n(n, facts.layers)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=eval_window(cfg))
+
+
+def check_export(args) -> None:
+    """Config-only checks of ``export``: calibration, eps, the drop spec, ghost-auto's held-out windows.
+    The output folder is checked by ``ghosted.operators.checkpoint.check_target_folder`` (called first by the CLI)."""
+    check_calibration(args)
+    check_eps(args.eps)
+    if not check_drop_syntax(args.drop):
+        raise ValueError("Give layers to drop (--drop), e.g. 20-26.")
+    if args.method == "ghost-auto" and args.heldout_seqs < 1:
+        raise ValueError("ghost-auto chooses on held-out calibration windows: give some (--heldout-seqs >= 1).")
+
+
+def check_export_model(args, facts: ModelFacts) -> list[int]:
+    """Model checks of ``export``: the drop spec within the layers, the windows within positions."""
+    drop = check_drop(args.drop, facts.layers) if facts.layers else check_drop_syntax(args.drop)
+    check_positions(facts.max_positions, seq_len=args.seq_len)
+    return drop
+
+
+# ---- plans (--dry-run) -------------------------------------------------------------------------
+
+
+def _batches(windows: int, batch_size: int) -> int:
+    return -(-windows // batch_size)
+
+
+def _facts_line(model: str, facts: ModelFacts) -> str:
+    if facts.layers is None:
+        return f"model: {model} ({facts.note})"
+    width = f", width {facts.hidden_size}" if facts.hidden_size else ""
+    positions = f", {facts.max_positions} positions" if facts.max_positions else ""
+    return f"model: {model} ({facts.layers} layers{width}{positions})"
+
+
+def _calibration_line(cfg) -> str:
+    total = cfg.calib_seqs + cfg.heldout_seqs
+    return (f"calibration: {cfg.calib}, {cfg.calib_seqs} x {cfg.seq_len} tokens fitted + {cfg.heldout_seqs} "
+            f"held-out windows, seed {cfg.seed}: {total} windows, {_batches(total, cfg.batch_size)} batches "
+            f"of {cfg.batch_size} per pass")
+
+
+def _evaluation_line(source: str, calib: str, tokens: int, seq_len: int) -> str:
+    from ghosted.data.windows import evaluation_part
+
+    part = evaluation_part(source, calib)
+    where = "the whole text" if part == "whole" else f"{part} part"
+    return (f"evaluation: {source} ({where}), {tokens // seq_len} windows of {seq_len} tokens "
+            f"({tokens // seq_len * seq_len} tokens)")
+
+
+def plan_run(cfg, facts: ModelFacts) -> str:
+    """What ``run`` would do, in words, with an estimate of its forward passes (``--dry-run``)."""
+    cfg = flat_settings(cfg)
+    from ghosted.selection.criteria import resolve_criterion
+    from ghosted.models.pruning import format_layers
+
+    drop = check_run_model(cfg, facts)
+    methods = check_methods(cfg.methods)
+    fitted = [m for m in methods if m != "dense"]
+    if cfg.select:
+        layers = f"chosen by {resolve_criterion(cfg.select, iterative=True)} (n = {cfg.n}) on the calibration windows"
+    else:
+        layers = format_layers(drop) or "none"
+    calib_batches = _batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)
+    eval_batches = _batches(cfg.eval_tokens // cfg.eval_seq_len, cfg.batch_size)
+    passes = (calib_batches if fitted else 0) * (1 + bool(cfg.select)) + eval_batches * len(methods)
+    lines = [_facts_line(cfg.model, facts), f"layers to drop: {layers}",
+             _calibration_line(cfg) if fitted or cfg.select else "calibration: none (dense only)",
+             _evaluation_line(cfg.eval, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) if not cfg.protocol
+             else _protocol_line(cfg.protocol),
+             _tasks_line(cfg),
+             f"methods: {', '.join(methods)} ({cfg.ghost_mode}, granularity {cfg.granularity}, eps {cfg.eps}, "
+             f"solver {cfg.solver})",
+             f"estimated forward passes: about {passes} batches ({calib_batches} per calibration pass"
+             f"{', one more to select the layers' if cfg.select else ''}; {eval_batches} per evaluated model; "
+             "sequential mode and ghost-auto's held-out choice add a few)"]
+    return "\n".join(["dry run: nothing is loaded or computed", *lines])
+
+
+def _protocol_line(name: str) -> str:
+    from ghosted.evaluation.protocols import PROTOCOLS
+
+    return f"evaluation: the {name} protocol: {PROTOCOLS[name].note}"
+
+
+def _tasks_line(cfg) -> str:
+    if not cfg.tasks:
+        return "zero-shot tasks: none (--tasks)"
+    limit = "every example" if cfg.task_limit is None else f"{cfg.task_limit} examples each"
+    return f"zero-shot tasks: {', '.join(cfg.tasks)} ({limit}, {cfg.num_fewshot}-shot)"
+
+
+def plan_grid(cfg, facts: ModelFacts) -> str:
+    """What ``grid`` would do (``--dry-run``)."""
+    cfg = flat_settings(cfg)
+    from ghosted.selection.criteria import resolve_criterion
+
+    check_grid_model(cfg, facts)
+    settings = len(cfg.selections) * len(cfg.n_values)
+    calib_batches = _batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)
+    eval_batches = _batches(cfg.eval_tokens // cfg.eval_seq_len, cfg.batch_size)
+    methods = check_methods(cfg.methods)
+    passes = calib_batches * (1 + settings) + eval_batches * len(cfg.evals) * len(methods) * settings
+    lines = [_facts_line(cfg.model, facts),
+             f"selections: {', '.join(f'{s} (= {resolve_criterion(s)})' for s in cfg.selections)}; "
+             f"n = {', '.join(map(str, cfg.n_values))}: {settings} settings",
+             _calibration_line(cfg),
+             *([_evaluation_line(s, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals]
+               if not cfg.protocol else [_protocol_line(cfg.protocol)]),
+             _tasks_line(cfg),
+             f"methods: {', '.join(methods)}",
+             f"estimated forward passes: at most about {passes} batches (one influence pass, one calibration "
+             "pass per distinct layer set, each model on each text; shared prefixes make it fewer)"]
+    return "\n".join(["dry run: nothing is loaded or computed", *lines])
+
+
+def plan_export(args, facts: ModelFacts) -> str:
+    """What ``export`` would do (``--dry-run``)."""
+    from ghosted.models.pruning import format_layers
+
+    drop = check_export_model(args, facts)
+    lines = [_facts_line(args.model, facts), f"layers to drop: {format_layers(drop)}", _calibration_line(args),
+             f"method: {args.method} ({args.ghost_mode}, granularity {args.granularity}, eps {args.eps})",
+             f"output folder: {args.out}",
+             f"estimated forward passes: about {_batches(args.calib_seqs + args.heldout_seqs, args.batch_size)} "
+             "batches (one calibration pass)"]
+    return "\n".join(["dry run: nothing is loaded, computed or written", *lines])
+
+
+def plan_influence(args, metrics: list[str], facts: ModelFacts) -> str:
+    """What ``influence`` would do (``--dry-run``)."""
+    lines = [_facts_line(args.model, facts), _calibration_line(args), f"criteria: {', '.join(metrics)}",
+             f"block sizes n: {args.n_values}; output folder: {args.out_dir}",
+             f"estimated forward passes: {_batches(args.calib_seqs, args.batch_size)} batches for the shared pass, "
+             "more for ppl_single and sleb (one pass per candidate layer) and taylor (one backward pass)"]
+    return "\n".join(["dry run: nothing is loaded or computed", *lines])

@@ -1,0 +1,1 @@
+"""Models: loading, the bundled assets, the architecture adapter, pruning and activation capture."""

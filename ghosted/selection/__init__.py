@@ -1,0 +1,1 @@
+"""Selection: which layers to remove, from the per-layer criteria and their sums to the selection rules."""
