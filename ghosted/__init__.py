@@ -172,6 +172,7 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
 
     from ghosted.calibration.collect import CalibrationConfig
     from ghosted.recovery.fitting import RecoveryConfig, recover
+    from ghosted.recovery.methods import needing_heldout
 
     from ghosted.experiments import validate
 
@@ -189,7 +190,7 @@ def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None
     validate.check_drop(drop, validate.facts_of_model(_model_of(model)).layers)  # before any forward pass
     _check_fit_settings(settings)
     _check_windows(_model_of(model), calib, "calib")
-    if heldout is None and "ghost-auto" in methods:
+    if heldout is None and needing_heldout(methods):
         calib, heldout = _hold_out_quarter(calib)
     return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress)
 

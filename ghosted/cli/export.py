@@ -9,6 +9,7 @@ from ghosted.cli.common import (
     add_dry_run, add_model_args, add_text_args, check_output_folder, facts_from_args, load_from_args,
     progress_from_args)
 from ghosted.recovery.fitting import METHODS
+from ghosted.recovery.methods import DEFAULT
 
 
 def add_parser(sub) -> None:
@@ -24,7 +25,7 @@ def add_parser(sub) -> None:
     add_text_args(p, calib=True, evaluation=False)
     g = p.add_argument_group("pruning and recovery")
     add_spec_args(g, ["drop"], required=("drop",))
-    g.add_argument("--method", default="ghost-auto", choices=list(METHODS),
+    g.add_argument("--method", default=DEFAULT, choices=list(METHODS),
                    help="recovery method (ghost: the paper's fit exactly)")
     add_spec_args(g, ["ghost_mode", "granularity", "eps", "solver", "fold"])
     p.add_argument("--out", required=True,

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.recovery.methods import DEFAULT
 
 SPEC_VERSION = 1  # bumped when a field changes meaning
 
@@ -189,7 +190,7 @@ class ExperimentSpec:
     calibration: CalibrationSpec = field(default_factory=CalibrationSpec)  # 32 + 8 windows of 256 bundled:news tokens
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)  # 16384 tokens of bundled:wiki, window 512
     layers: LayersSpec = field(default_factory=LayersSpec)  # none: give drop, or select and n
-    methods: list[str] = _option(["dense", "none", "ghost-auto"], "--methods",  # ghost-auto: the paper's fit
+    methods: list[str] = _option(["dense", "none", DEFAULT], "--methods",  # ghost-auto: the paper's fit
                                  _methods_help, parse=_comma_list)  # or the sink-robust one per gap
     recovery: RecoverySpec = field(default_factory=RecoverySpec)  # the paper's ridge and solver, independent fits
 

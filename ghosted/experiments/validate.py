@@ -275,8 +275,7 @@ def check_run(cfg) -> None:
         if not drop and any(m != "dense" for m in methods):
             raise ValueError("Methods other than 'dense' need layers to drop: give --drop (e.g. 20-26) or "
                              "--select with --n.")
-    if "ghost-auto" in methods and cfg.heldout_seqs < 1:
-        raise ValueError("ghost-auto chooses on held-out calibration windows: give some (--heldout-seqs >= 1).")
+    check_heldout(methods, cfg.heldout_seqs)
 
 
 def check_run_model(cfg, facts: ModelFacts) -> list[int]:
@@ -336,8 +335,7 @@ def check_export(args) -> None:
     check_eps(args.eps)
     if not check_drop_syntax(args.drop):
         raise ValueError("Give layers to drop (--drop), e.g. 20-26.")
-    if args.method == "ghost-auto" and args.heldout_seqs < 1:
-        raise ValueError("ghost-auto chooses on held-out calibration windows: give some (--heldout-seqs >= 1).")
+    check_heldout([args.method], args.heldout_seqs)
 
 
 def check_export_model(args, facts: ModelFacts) -> list[int]:
@@ -464,3 +462,13 @@ def plan_influence(args, metrics: list[str], facts: ModelFacts) -> str:
              f"estimated forward passes: {_batches(args.calib_seqs, args.batch_size)} batches for the shared pass, "
              "more for ppl_single and sleb (one pass per candidate layer) and taylor (one backward pass)"]
     return "\n".join(["dry run: nothing is loaded or computed", *lines])
+
+
+def check_heldout(methods, heldout_seqs: int) -> None:
+    """Refuse methods that choose on held-out calibration windows (the registry says which) without any."""
+    from ghosted.recovery.methods import needing_heldout
+
+    needs = needing_heldout(methods)
+    if needs and heldout_seqs < 1:
+        raise ValueError(f"{', '.join(needs)} chooses on held-out calibration windows: give some "
+                         "(--heldout-seqs >= 1).")

@@ -162,7 +162,7 @@ def check_methods(methods: list[str], dropped: list[int], has_heldout: bool = Tr
     if any(m in BRANCH_METHODS for m in methods) and 0 in dropped:
         raise ValueError("ReplaceMe maps the MLP output of the layer before a removed block, so it "
                          "cannot recover a block that starts at layer 0. Keep layer 0 or drop ReplaceMe.")
-    needs = [m for m in methods if m in registry.names_where(heldout="required")]
+    needs = registry.needing_heldout(methods)
     if needs and not has_heldout:
         raise ValueError(f"{', '.join(needs)} chooses on held-out calibration windows: give some (heldout_seqs > 0).")
 

@@ -170,6 +170,12 @@ def _resolve(dotted: str) -> Callable:
     return getattr(importlib.import_module(module), function)
 
 
+def needing_heldout(methods) -> list[str]:
+    """The methods among ``methods`` that cannot run without held-out calibration windows."""
+    required = names_where(heldout="required")
+    return [m for m in methods if m in required]
+
+
 def names_where(**flags) -> tuple[str, ...]:
     """The names of the fitted methods whose fields equal ``flags`` (``names_where(uses_sinks=True)``)."""
     return tuple(name for name in FITTED if all(getattr(REGISTRY[name], k) == v for k, v in flags.items()))
