@@ -109,6 +109,8 @@ def test_learn(app_page):
     go(page, "Learn")
     expect(page.get_by_text(re.compile("perplexity goes from"))).to_be_visible()
     expect(page.get_by_text(re.compile("the attention sink"))).to_be_visible()
-    expect(page.locator(".js-plotly-plot")).to_have_count(5)  # layers, spectra, removed, positions, sink spectra
+    # layers, spectra, removed, frontier (the Compare page evaluated the run), positions, sink spectra
+    expect(page.locator(".js-plotly-plot")).to_have_count(6)
+    expect(page.locator(".gtitle", has_text="Recovery frontier")).to_be_visible()
     expect(page.locator(".gtitle", has_text="by position in the window")).to_be_visible()
     screenshot(page, "learn")
