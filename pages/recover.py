@@ -8,7 +8,8 @@ from ghosted.models.architecture import hidden_size
 from ghosted.recovery.methods import help_text
 from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.pruning import format_layers
-from ghosted.recovery.fitting import METHODS, recover
+from ghosted.experiments.run import fit_spec
+from ghosted.recovery.fitting import METHODS
 from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
@@ -66,9 +67,10 @@ def calibrate(lm, layers: list[int], form: dict, progress) -> _ui.StoredRun:
         ghost_mode=form["mode"], granularity=form["granularity"], batch_size=form["batch"], device=lm.device,
         dtype=lm.dtype, cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
     progress("tokenising", 0, 1)
-    fit, held = spec.calibration.windows(lm.tokenizer, text=source)
-    run = recover(lm.model, layers, methods, fit, held, spec.recovery_config(), progress=progress,
-                  cache=spec.calibration.cache)
+    windows = {}
+    run = fit_spec(spec, lm, layers, progress, text=source,
+                   on_windows=lambda fit, held: windows.update(fit=fit, held=held))
+    fit, held = windows["fit"], windows["held"]
     progress("spectra and errors", 0, 1)
     frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
               "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),

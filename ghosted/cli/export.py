@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
     from ghosted.operators.checkpoint import save_recovered
-    from ghosted.recovery.fitting import recover
+    from ghosted.experiments.run import fit_spec
     from ghosted.experiments.validate import check_export, check_export_model, facts_of_model, plan_export
 
     check_output_folder(args.out, args.overwrite, args.model)  # before loading: a typo costs nothing
@@ -53,10 +53,8 @@ def handle(args) -> int:
     spec = spec_from_args(args).with_options(methods=[args.method])
     lm = load_from_args(args)
     drop = check_export_model(args, facts_of_model(lm.model))  # fail before calibrating, not after
-    fit, heldout = spec.calibration.windows(lm.tokenizer)
     with progress_from_args(args) as progress:
-        run = recover(lm.model, drop, spec.methods, fit, heldout, spec.recovery_config(), progress=progress,
-                      cache=spec.calibration.cache)
+        run = fit_spec(spec, lm, drop, progress)
     out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run, spec=spec.to_dict(),
                          overwrite=args.overwrite)
     print(describe_folder(out))

@@ -125,10 +125,8 @@ def _run(spec: ExperimentSpec, loaded, progress, state: _RunState) -> tuple[dict
         if not dropped:
             raise ValueError("Methods other than 'dense' need layers to drop (--drop).")
         state.stage = "calibration and fitting"
-        fit, held = cal.windows(lm.tokenizer)
-        state.calib_protocol = fit.protocol
-        run = state.run = recover(lm.model, dropped, recovery_methods, fit, held, spec.recovery_config(),
-                                  progress=progress, cache=cal.cache)
+        run = state.run = fit_spec(spec, lm, dropped, progress,
+                                   on_windows=lambda fit, held: setattr(state, "calib_protocol", fit.protocol))
     state.stage = "evaluation"
     models = {"dense": lm.model} if "dense" in methods else {}
     models.update({name: r.model for name, r in (run.results.items() if run else [])})
@@ -148,6 +146,23 @@ def _run(spec: ExperimentSpec, loaded, progress, state: _RunState) -> tuple[dict
                      progress=progress)
     report["seconds"] = round(time.perf_counter() - state.started, 2)
     return report, run
+
+
+def fit_spec(spec: ExperimentSpec, lm: LoadedModel, layers: list[int], progress: Progress | None = None,
+             text=None, on_windows=None) -> RecoveryRun:
+    """Fit every method of ``spec`` (but ``dense``) with ``layers`` removed: the one place where a spec's
+    calibration windows are drawn, the held-out ones set apart, and ``recover`` called (``run``,
+    ``export`` and the app's Recover page all come here).
+
+    ``text``: the calibration text when it is not a source name (an uploaded file in the app);
+    ``on_windows(fit, heldout)`` is told the windows before the forward passes start.
+    """
+    fit, held = spec.calibration.windows(lm.tokenizer, text=text)
+    if on_windows is not None:
+        on_windows(fit, held)
+    methods = [m for m in dict.fromkeys(spec.methods) if m != "dense"]
+    return recover(lm.model, layers, methods, fit, held, spec.recovery_config(), progress=progress,
+                   cache=spec.calibration.cache)
 
 
 def _layers_to_drop(spec: ExperimentSpec, lm: LoadedModel) -> tuple[list[int], dict | None]:
