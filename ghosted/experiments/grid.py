@@ -114,14 +114,16 @@ class GridResult:
         return paths
 
 
-def choose_layers(model: nn.Module, cfg: GridConfig, fit, held) -> dict[tuple[str, int], tuple[list[int], str]]:
+def choose_layers(model: nn.Module, cfg: GridConfig, fit, held, progress: Progress | None = None
+                  ) -> dict[tuple[str, int], tuple[list[int], str]]:
     """(selection, n) -> (layers, reason), every criterion from one influence pass."""
     from ghosted.selection.criteria import InfluenceConfig, influence
     from ghosted.selection.rules import select
 
     criteria = list(dict.fromkeys(cfg.criterion(s) for s in cfg.selections))
     report = influence(model, fit, InfluenceConfig(metrics=criteria, n_values=list(cfg.n_values),
-                                                   batch_size=cfg.base.calibration.batch_size), heldout=held)
+                                                   batch_size=cfg.base.calibration.batch_size), heldout=held,
+                       progress=progress)
     return {(s, n): select(report, cfg.criterion(s), n) for s in cfg.selections for n in cfg.n_values}
 
 
@@ -296,7 +298,7 @@ def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridSt
                   "model": lm.name, "influence_seconds": 0.0, "selections": {},
                   "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
                   "notes": [], "settings": {}, "resumed": [], "protocol": protocol}
-    state.chosen = _chosen_layers(lm.model, cfg, fit, held, journal, settings, state, say)
+    state.chosen = _chosen_layers(lm.model, cfg, fit, held, journal, settings, state, progress)
     state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
                                              "reason": why} for (s, n), (lay, why) in state.chosen.items()}
     if "dense" in cfg.base.methods:
@@ -332,8 +334,9 @@ def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridSt
 
 
 def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJournal | None, settings: str,
-                   state: _GridState, say: Say) -> dict:
+                   state: _GridState, progress: Progress | None) -> dict:
     """(selection, n) -> (layers, reason): from the journal when every one is there, else one influence pass."""
+    say = lines(progress)
     wanted = [(s, n) for s in cfg.selections for n in cfg.n_values]
     found = {w: journal.find("selection", settings, {"selection": w[0], "n": w[1]}) if journal else None
              for w in wanted}
@@ -342,7 +345,7 @@ def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJo
         return {w: (r["layers"], r["reason"]) for w, r in found.items()}
     say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
     t0 = time.perf_counter()
-    chosen = choose_layers(model, cfg, fit, held)
+    chosen = choose_layers(model, cfg, fit, held, progress)
     state.meta["influence_seconds"] = round(time.perf_counter() - t0, 1)
     for (s, n), (layers, why) in chosen.items():
         if journal:
