@@ -244,7 +244,7 @@ def flat_settings(cfg):
 
 
 def check_calibration(cfg, min_seqs: int = 1) -> None:
-    """The calibration fields shared by RunConfig, GridConfig and export: sizes, seed, batch, source."""
+    """The calibration fields shared by an ExperimentSpec, a GridConfig and export: sizes, seed, batch, source."""
     check_windows("calib_seqs", cfg.calib_seqs, "seq_len", cfg.seq_len, min_seqs)
     check_count("heldout_seqs", cfg.heldout_seqs, minimum=0)
     check_count("batch_size", cfg.batch_size)
@@ -253,7 +253,7 @@ def check_calibration(cfg, min_seqs: int = 1) -> None:
 
 
 def check_run(cfg) -> None:
-    """Config-only checks of a ``RunConfig`` (before the model is loaded)."""
+    """Config-only checks of an ``ExperimentSpec`` (before the model is loaded)."""
     cfg = flat_settings(cfg)
     from ghosted.selection.criteria import resolve_criterion
 
@@ -279,7 +279,7 @@ def check_run(cfg) -> None:
 
 
 def check_run_model(cfg, facts: ModelFacts) -> list[int]:
-    """Model checks of a ``RunConfig``: the drop spec or n within the layers, windows within positions."""
+    """Model checks of an ``ExperimentSpec``: the drop spec or n within the layers, windows within positions."""
     cfg = flat_settings(cfg)
     drop = []
     if facts.layers is not None and cfg.select:
