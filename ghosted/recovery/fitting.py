@@ -440,6 +440,7 @@ def _auto_sequential(ctx: FitContext, entry: registry.Method) -> MethodResult:
     chosen: dict[Gap, GapFit | None] = {}  # gap -> its operator (None: no operator there), in order
     fit_stats, held_stats, rows = {}, {}, []
     calib_seconds = solve_seconds = 0.0
+    final_nll = float("nan")  # held-out NLL of the choices once the last gap is chosen
     for i, gap in enumerate(counted(gaps, ctx.progress, "ghost-auto: choosing per gap (sequential)")):
         t0 = time.perf_counter()
         fit_stats[gap], held_stats[gap] = ctx.stats_upstream(gap, chosen, name, sinks=True)
@@ -449,26 +450,26 @@ def _auto_sequential(ctx: FitContext, entry: registry.Method) -> MethodResult:
         trials = {c: _heldout_nll(ctx, {**kept, **({gap: options[c]} if c in options else {})}, name)
                   for c in AUTO_CANDIDATES}
         pick = min(AUTO_CANDIDATES, key=trials.get)  # ties: the first in AUTO_CANDIDATES
-        chosen[gap] = options.get(pick)
+        chosen[gap], final_nll = options.get(pick), trials[pick]
         rows.append(_auto_choice(ctx, name, gap, pick, trials, ", fitted on the stream patched upstream"))
         calib_seconds += t1 - t0
         solve_seconds += time.perf_counter() - t1
     fits = {g: f for g, f in chosen.items() if f is not None}
-    fits, note = _auto_safeguard(ctx, name, fits, rows)
+    fits, note = _auto_safeguard(ctx, name, fits, rows, final_nll)
     notes = ["sequential: each gap's candidates fitted on the model patched upstream with the choices made so far"]
     return _assembled(ctx, entry, fits, rows, solve_seconds, fit_stats, held_stats, calib_seconds,
                       notes=notes + ([note] if note else []))
 
 
-def _auto_safeguard(ctx: FitContext, name: str, fits: dict[Gap, GapFit], rows: list[dict]):
-    """Keep the gap-by-gap result unless no operator anywhere, or the paper's fit everywhere fitted
-    sequentially, predicts the held-out windows better; the rows then say so."""
+def _auto_safeguard(ctx: FitContext, name: str, fits: dict[Gap, GapFit], rows: list[dict], mine: float):
+    """Keep the gap-by-gap result (held-out NLL ``mine``, scored when its last gap was chosen) unless
+    no operator anywhere, or the paper's fit everywhere fitted sequentially, predicts the held-out
+    windows better; the rows then say so."""
     if all(row["chosen"] == "paper" for row in rows):
         return fits, ""  # the gap-by-gap result is sequential ghost already
     paper = _sequential_fits(ctx, fit_ghost, name, sinks=False).fits
     others = {"no operator anywhere": {}, "the paper's fit everywhere (sequential)": paper}
     scores = {label: _heldout_nll(ctx, f, name) for label, f in others.items()}
-    mine = _heldout_nll(ctx, fits, name)
     best = min(scores, key=scores.get)
     if scores[best] >= mine:
         return fits, ""
