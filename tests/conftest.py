@@ -24,7 +24,10 @@ TIERS = {"app": "app", "e2e": "e2e", "gpu": "gpu", "unit": "unit"}  # folder und
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with the tier of its folder (tests/unit -> unit unless it is marked slow)."""
+    """Mark each test with the tier of its folder (tests/unit -> unit unless it is marked slow).
+
+    A unit test that asks for the bundled model (the `bundled` fixture, directly or through another
+    fixture) is marked slow here."""
     root = config.rootpath / "tests"
     for item in items:
         try:
@@ -32,6 +35,8 @@ def pytest_collection_modifyitems(config, items):
         except ValueError:  # a test outside tests/
             continue
         tier = TIERS.get(folder)
+        if tier == "unit" and "bundled" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
         if tier is None or (tier == "unit" and item.get_closest_marker("slow")):
             continue
         item.add_marker(getattr(pytest.mark, tier))

@@ -55,3 +55,42 @@ def tiny_model(family: str, layers: int = 6, seed: int = 0):
 def random_ids(batch: int = 2, length: int = 16, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (batch, length), generator=gen)
+
+
+class CharTokenizer:
+    """Characters to ids 3..VOCAB-1, no BOS: enough for ghosted.data.sources's windows on a tiny model."""
+
+    name_or_path = "char-tokenizer"
+    bos_token_id = None
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def __call__(self, text: str, **_) -> dict:
+        return {"input_ids": [3 + ord(c) % (VOCAB - 3) for c in text]}
+
+    def encode(self, text: str) -> list[int]:
+        return self(text)["input_ids"]
+
+
+def tiny_loaded(layers: int = 8):
+    """A tiny Llama with the character tokenizer, as a LoadedModel."""
+    from ghosted.models.loading import LoadedModel
+
+    return LoadedModel(tiny_model("llama", layers=layers), CharTokenizer(), "tiny", "folder", "cpu", "float32", 0.0)
+
+
+def small_config(**overrides):
+    """A small grid on a tiny model: two block sizes, a few short windows."""
+    from ghosted.experiments.grid import GridConfig
+
+    base = dict(n_values=[2, 3], calib_seqs=6, seq_len=32, heldout_seqs=2, eval_tokens=96, eval_seq_len=32,
+                batch_size=2, device="cpu", dtype="float32")
+    return GridConfig.of(**{**base, **overrides})
+
+
+def loaded(model):
+    """Any tiny model with the character tokenizer, as a LoadedModel from a folder."""
+    from ghosted.models.loading import LoadedModel
+
+    return LoadedModel(model, CharTokenizer(), model.config._name_or_path, "folder", "cpu", "float32", 0.0)

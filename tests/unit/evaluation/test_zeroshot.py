@@ -10,7 +10,7 @@ import pytest
 from ghosted.models.architecture import layers_of
 from ghosted.models.pruning import prune
 
-TASKS = Path(__file__).resolve().parents[1] / "data" / "lm_eval_tiny"
+TASKS = Path(__file__).resolve().parents[2] / "data" / "lm_eval_tiny"
 
 
 def test_missing_lm_eval_says_how_to_install(monkeypatch):

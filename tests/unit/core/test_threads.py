@@ -20,7 +20,7 @@ import torch
 from tests.tiny import random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL, assert_close_on_scale
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GAP = (2, 4)  # layers 2-3 removed
 
 
@@ -53,7 +53,7 @@ def numbers_with_threads(threads: int) -> dict:
     """``numbers()`` in a fresh interpreter whose OpenMP / MKL / torch thread count is ``threads``."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]), "HF_HUB_OFFLINE": "1"}
-    code = (f"import json, torch; torch.set_num_threads({threads}); from tests.unit.test_threads import numbers; "
+    code = (f"import json, torch; torch.set_num_threads({threads}); from tests.unit.core.test_threads import numbers; "
             "print(json.dumps(numbers()))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          check=True, timeout=600)

@@ -19,10 +19,10 @@ from ghosted.cli import main
 from ghosted.experiments.grid import run_grid
 from ghosted.experiments.run import RunConfig, run_experiment
 from tests.tiny import tiny_model
-from tests.unit.test_grid import small_config, tiny_loaded
-from tests.unit.test_stats_cache import loaded
+from tests.tiny import small_config, tiny_loaded
+from tests.tiny import loaded
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RUN = dict(drop="2-3", methods=["dense", "none", "ghost", "replaceme-ls"], calib_seqs=4, seq_len=32, heldout_seqs=2,
            eval_tokens=64, eval_seq_len=32, batch_size=2, device="cpu", dtype="float32")
 RUN_ARGS = ["run", "--drop", "2-3", "--methods", "dense,none,ghost", "--calib-seqs", "4", "--seq-len", "32",
@@ -126,7 +126,7 @@ CTRL_C_SCRIPT = """
 import sys
 from ghosted.experiments import run as pipeline
 from ghosted.cli import main, run
-from tests.unit.test_grid import tiny_loaded
+from tests.tiny import tiny_loaded
 
 def interrupt(*args, **kwargs):
     raise KeyboardInterrupt

@@ -11,7 +11,7 @@ from ghosted.cli import build_parser, main
 from ghosted.evaluation.lastword import TASK, score_lastword
 from ghosted.experiments.run import RunConfig, format_table, run_experiment
 from ghosted.evaluation.protocols import PROTOCOLS, EvalProtocol, protocol_windows, resolve_protocol
-from tests.unit.test_grid import CharTokenizer, small_config, tiny_loaded
+from tests.tiny import CharTokenizer, small_config, tiny_loaded
 
 FLAGS = ["--tasks", "--task-limit", "--num-fewshot", "--protocol"]
 

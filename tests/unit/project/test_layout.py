@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2] / "ghosted"
+ROOT = Path(__file__).resolve().parents[3] / "ghosted"
 LAYERS = ("core", "models", "data", "calibration", "evaluation", "operators", "recovery", "selection",
           "experiments")  # lowest first: a package imports only those at or before its own place
 FRONT_ENDS = ("cli",)  # above every layer; nothing below imports them

@@ -16,7 +16,7 @@ import pytest
 
 from ghosted.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PREFIX = "python -m ghosted"
 OUTPUT_FLAGS = ("--out", "--out-dir")  # pointed into a temporary folder (a dry run writes nothing anyway)

@@ -8,7 +8,7 @@ from ghosted.recovery import methods, fitting as recover
 from ghosted.cli import build_parser, main
 from ghosted.selection.criteria import ALIASES, CRITERIA
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KINDS = {methods.STREAM, methods.BRANCH, methods.WEIGHTS, methods.TRAINED, methods.NONE}
 
 

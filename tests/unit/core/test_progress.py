@@ -13,7 +13,7 @@ import torch
 from ghosted.core.progress import TqdmProgress, counted, for_stage, lines, message, silent
 from tests.tiny import random_ids, tiny_model
 
-LIBRARY = Path(__file__).resolve().parents[2] / "ghosted"
+LIBRARY = Path(__file__).resolve().parents[3] / "ghosted"
 PROTOCOL_MODULE = LIBRARY / "core" / "progress.py"
 
 

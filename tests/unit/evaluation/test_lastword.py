@@ -17,7 +17,7 @@ from ghosted.recovery.fitting import recover
 from ghosted.data.windows import TokenWindows
 from ghosted.data.sources import resolve_source
 from tests.tiny import random_ids, tiny_model
-from tests.unit.test_grid import CharTokenizer
+from tests.tiny import CharTokenizer
 
 LIMIT = 12  # examples scored in the fast tests
 

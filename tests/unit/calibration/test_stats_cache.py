@@ -14,14 +14,13 @@ import transformers as tf
 from ghosted.calibration.collect import CalibrationConfig
 from ghosted.cli import main
 from ghosted.evaluation.perplexity import perplexity
-from ghosted.models.loading import LoadedModel
 from ghosted.experiments.run import RunConfig, run_experiment
 from ghosted.models.pruning import prune
 from ghosted.recovery.fitting import RecoveryConfig, recover
 from ghosted.calibration.cache import StatsCache, model_identity, stats_dir
 from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
-from tests.unit.test_grid import CharTokenizer
+from tests.tiny import CharTokenizer, loaded
 
 # Every method whose fit needs no forward pass once the statistics are there (ghost-auto scores
 # held-out windows, so it runs the model whatever the cache does).
@@ -207,10 +206,6 @@ def test_identity_is_cheap_and_refuses_what_it_cannot_name(folder_model, monkeyp
     converted.mkdir(parents=True)
     hub.config._name_or_path = str(converted)
     assert model_identity(hub) == {"gguf_sha256": "0123456789abcdef"}  # the bundled GGUF's hash, not its files
-
-
-def loaded(model) -> LoadedModel:
-    return LoadedModel(model, CharTokenizer(), model.config._name_or_path, "folder", "cpu", "float32", 0.0)
 
 
 RUN = dict(drop="2-3", methods=["dense", "none", "ghost", "replaceme-ls"], calib_seqs=4, seq_len=32, heldout_seqs=2,

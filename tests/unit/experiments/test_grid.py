@@ -10,39 +10,12 @@ import pytest
 
 from ghosted.experiments import grid as grid_module
 from ghosted.evaluation.perplexity import perplexity
-from ghosted.experiments.grid import GridConfig, applicable, run_grid, to_markdown
+from ghosted.experiments.grid import applicable, run_grid, to_markdown
 from ghosted.data.windows import capped_evaluation_windows
-from ghosted.models.loading import LoadedModel
 from ghosted.models.pruning import format_layers, prune
 from ghosted.recovery.fitting import BRANCH_METHODS, METHODS
-from tests.tiny import VOCAB, tiny_model
+from tests.tiny import CharTokenizer, small_config, tiny_loaded  # noqa: F401 (CharTokenizer: other modules)
 from tests.tolerance import FLOAT64_REL
-
-
-class CharTokenizer:
-    """Characters to ids 3..VOCAB-1, no BOS: enough for ghosted.data.sources's windows on a tiny model."""
-
-    name_or_path = "char-tokenizer"
-    bos_token_id = None
-
-    def __len__(self) -> int:
-        return VOCAB
-
-    def __call__(self, text: str, **_) -> dict:
-        return {"input_ids": [3 + ord(c) % (VOCAB - 3) for c in text]}
-
-    def encode(self, text: str) -> list[int]:
-        return self(text)["input_ids"]
-
-
-def tiny_loaded(layers: int = 8) -> LoadedModel:
-    return LoadedModel(tiny_model("llama", layers=layers), CharTokenizer(), "tiny", "folder", "cpu", "float32", 0.0)
-
-
-def small_config(**overrides) -> GridConfig:
-    base = dict(n_values=[2, 3], calib_seqs=6, seq_len=32, heldout_seqs=2, eval_tokens=96, eval_seq_len=32,
-                batch_size=2, device="cpu", dtype="float32")
-    return GridConfig.of(**{**base, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -177,7 +177,7 @@ def test_a_recipe_without_a_spec_is_refused_clearly(tmp_path, capsys):
 def test_the_api_runs_a_spec_as_the_command_line_does():
     import ghosted
     from ghosted.experiments.run import run_experiment
-    from tests.unit.test_grid import tiny_loaded
+    from tests.tiny import tiny_loaded
 
     options = dict(drop="2-3", methods=["dense", "ghost"], calib_seqs=4, seq_len=32, heldout_seqs=2, eval_tokens=64,
                    eval_seq_len=32, batch_size=2, device="cpu", dtype="float32", cache=False)

@@ -11,7 +11,7 @@ import torch
 
 import ghosted
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BLOCK = re.compile(r"<!-- quickstart:start -->\s*```python\n(.*?)```\s*<!-- quickstart:end -->", re.S)
 
 
