@@ -5,9 +5,8 @@ Methods (all training-free, all behind one interface):
   * ``ghost``: the paper's method exactly: W = I + M on the residual stream,
     (XᵀX + εI)M = XᵀΔ in float64.
   * ``ghost-robust``: W fitted on non-sink tokens, sink tokens mapped apart (see ``sinks.py``).
-  * ``ghost-auto``: per gap, ``ghost``, ``ghost-robust`` or no operator, whichever has the lower
-    next-token NLL on held-out calibration windows (so never worse there than plain pruning); in
-    sequential mode gap by gap, each fitted on the stream patched upstream with the choices so far.
+  * ``ghost-auto``: per gap, ``ghost``, ``ghost-robust`` or no operator, chosen on held-out
+    calibration windows (its search lives in ``ghosted.recovery.auto``).
   * ``replaceme-ls`` / ``replaceme-cos``: a map T on the MLP output of the last kept layer, folded
     into its output projection (least squares, or ReplaceMe's cosine objective with Adam);
     ``replaceme-ls-robust`` fits T on non-sink tokens and maps sinks apart, like ``ghost-robust``.
@@ -36,7 +35,7 @@ from ghosted.recovery.methods import MethodResult
 from ghosted.models.architecture import num_layers
 from ghosted.operators.assembly import GapFit, assemble
 from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, gaps_of
-from ghosted.core.progress import Progress, counted
+from ghosted.core.progress import Progress
 from ghosted.core.guards import check_eps
 from ghosted.models.pruning import build_variant, parse_layers
 from ghosted.recovery.robust import fit_robust
@@ -343,11 +342,11 @@ def _per_gap(ctx: FitContext, entry: registry.Method, fit: Callable) -> MethodRe
         fits[g], details = fit(ctx.stats[g], ctx.heldout[g] if ctx.heldout else None, ctx.cfg)
         if details:
             choices.append({"method": entry.name, "boundary": f"{g.start}-{g.end}", **details})
-    return _assembled(ctx, entry, fits, choices, time.perf_counter() - t0, ctx.pick(ctx.stats, gaps),
+    return assembled_result(ctx, entry, fits, choices, time.perf_counter() - t0, ctx.pick(ctx.stats, gaps),
                       ctx.pick(ctx.heldout, gaps), ctx.calib_seconds, statistics=ctx.shared)
 
 
-def _assembled(ctx: FitContext, entry: registry.Method, fits: dict[Gap, GapFit], choices: list[dict],
+def assembled_result(ctx: FitContext, entry: registry.Method, fits: dict[Gap, GapFit], choices: list[dict],
                solve_seconds: float, stats, heldout, calib_seconds: float, **extra) -> MethodResult:
     """The model with ``fits`` at their gaps, as ``entry``'s result."""
     built = assemble(ctx.model, ctx.dropped, fits, entry.name, ctx.cfg.replaceme_fold, ctx.rule)
@@ -368,119 +367,8 @@ def _conditioning_warnings(entries, gaps, stats, cfg: RecoveryConfig, calib_wind
     return messages
 
 
-AUTO_CANDIDATES = ("paper", "robust", "none")  # ghost-auto's choices per gap; "none": no operator there
-_AUTO_FITS = {"paper": fit_ghost, "robust": fit_ghost_robust}  # the candidates with an operator
-_AUTO_LABEL = {"paper": "the paper's fit", "robust": "the robust fit",
-               "none": "no operator (plain pruning is best here)"}
-
-
-def fit_auto(ctx: FitContext, name: str) -> MethodResult:
-    """``ghost-auto``: per gap, the paper's fit, the robust one or no operator, by held-out next-token
-    NLL; in sequential mode each gap's candidates are fitted on the model patched upstream."""
-    entry = registry.REGISTRY[name]
-    if ctx.cfg.mode == "sequential":
-        return _auto_sequential(ctx, entry)
-    t0 = time.perf_counter()
-    fits, choices = _auto(ctx, name)
-    gaps = ctx.stream_gaps
-    return _assembled(ctx, entry, fits, choices, time.perf_counter() - t0, ctx.pick(ctx.stats, gaps),
-                      ctx.pick(ctx.heldout, gaps), ctx.calib_seconds, statistics=ctx.shared)
-
-
-def _heldout_nll(ctx: FitContext, fits: dict[Gap, GapFit], name: str) -> float:
-    """Held-out next-token NLL of the cut with ``fits`` at their gaps (no operator at the others)."""
-    from ghosted.evaluation.perplexity import perplexity
-
-    return perplexity(assemble(ctx.model, ctx.dropped, fits, name, rule=ctx.rule), ctx.heldout_windows,
-                      batch_size=ctx.cfg.calibration.batch_size, label=f"{name} held-out").nll
-
-
-def _auto_choice(ctx: FitContext, name: str, gap: Gap, pick: str, trials: dict[str, float], how: str = "") -> dict:
-    """One row of the run's choices: the three held-out NLLs of a gap and what was kept."""
-    return {"method": name, "boundary": f"{gap.start}-{gap.end}", "chosen": pick,
-            **{f"nll_{c}": trials[c] for c in AUTO_CANDIDATES},
-            "reason": f"held-out NLL {trials['paper']:.4f} (paper), {trials['robust']:.4f} (robust), "
-                      f"{trials['none']:.4f} (no operator) on {ctx.heldout_windows.input_ids.numel()} "
-                      f"tokens{how}; chose {_AUTO_LABEL[pick]}"}
-
-
-def _auto(ctx: FitContext, name: str):
-    """Independent mode: every candidate fitted on the unpruned model's statistics.
-
-    Starts from the better of "paper everywhere" and "no operator anywhere", then tries every other
-    candidate gap by gap and keeps what lowers the held-out NLL, so the result is never worse on the
-    held-out windows than plain pruning, nor than the paper's fit. Each configuration is scored once.
-    """
-    gaps = ctx.stream_gaps
-    options = {c: {g: fit(ctx.stats[g], ctx.heldout[g], ctx.cfg)[0] for g in gaps} for c, fit in _AUTO_FITS.items()}
-    scored: dict[tuple[str, ...], float] = {}
-
-    def nll(picks: tuple[str, ...]) -> float:
-        if picks not in scored:
-            scored[picks] = _heldout_nll(ctx, {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}, name)
-        return scored[picks]
-
-    current = min((("paper",) * len(gaps), ("none",) * len(gaps)), key=nll)
-    choices = []
-    for i, g in enumerate(counted(gaps, ctx.progress, "ghost-auto: choosing per gap")):
-        trials = {c: nll(current[:i] + (c,) + current[i + 1:]) for c in AUTO_CANDIDATES}
-        pick = min(AUTO_CANDIDATES, key=lambda c: (trials[c], c != current[i]))  # ties keep the current one
-        current = current[:i] + (pick,) + current[i + 1:]
-        choices.append(_auto_choice(ctx, name, g, pick, trials))
-    return {g: options[p][g] for g, p in zip(gaps, current) if p != "none"}, choices
-
-
-def _auto_sequential(ctx: FitContext, entry: registry.Method) -> MethodResult:
-    """Sequential mode: gap by gap, in order, the candidates are fitted on the stream of the model
-    already pruned and patched upstream with the choices made so far, and scored on the held-out
-    windows with every gap removed (no operator downstream yet). Last, the result is compared with
-    no operator anywhere and with sequential ``ghost``, and the best of the three is kept, so it is
-    never worse on the held-out windows than either."""
-    gaps, name = ctx.stream_gaps, entry.name
-    chosen: dict[Gap, GapFit | None] = {}  # gap -> its operator (None: no operator there), in order
-    fit_stats, held_stats, rows = {}, {}, []
-    calib_seconds = solve_seconds = 0.0
-    final_nll = float("nan")  # held-out NLL of the choices once the last gap is chosen
-    for i, gap in enumerate(counted(gaps, ctx.progress, "ghost-auto: choosing per gap (sequential)")):
-        t0 = time.perf_counter()
-        fit_stats[gap], held_stats[gap] = ctx.stats_upstream(gap, chosen, name, sinks=True)
-        t1 = time.perf_counter()
-        options = {c: fit(fit_stats[gap], held_stats[gap], ctx.cfg)[0] for c, fit in _AUTO_FITS.items()}
-        kept = {g: f for g, f in chosen.items() if f is not None}
-        trials = {c: _heldout_nll(ctx, {**kept, **({gap: options[c]} if c in options else {})}, name)
-                  for c in AUTO_CANDIDATES}
-        pick = min(AUTO_CANDIDATES, key=trials.get)  # ties: the first in AUTO_CANDIDATES
-        chosen[gap], final_nll = options.get(pick), trials[pick]
-        rows.append(_auto_choice(ctx, name, gap, pick, trials, ", fitted on the stream patched upstream"))
-        calib_seconds += t1 - t0
-        solve_seconds += time.perf_counter() - t1
-    fits = {g: f for g, f in chosen.items() if f is not None}
-    fits, note = _auto_safeguard(ctx, name, fits, rows, final_nll)
-    notes = ["sequential: each gap's candidates fitted on the model patched upstream with the choices made so far"]
-    return _assembled(ctx, entry, fits, rows, solve_seconds, fit_stats, held_stats, calib_seconds,
-                      notes=notes + ([note] if note else []))
-
-
-def _auto_safeguard(ctx: FitContext, name: str, fits: dict[Gap, GapFit], rows: list[dict], mine: float):
-    """Keep the gap-by-gap result (held-out NLL ``mine``, scored when its last gap was chosen) unless
-    no operator anywhere, or the paper's fit everywhere fitted sequentially, predicts the held-out
-    windows better; the rows then say so."""
-    if all(row["chosen"] == "paper" for row in rows):
-        return fits, ""  # the gap-by-gap result is sequential ghost already
-    paper = _sequential_fits(ctx, fit_ghost, name, sinks=False).fits
-    others = {"no operator anywhere": {}, "the paper's fit everywhere (sequential)": paper}
-    scores = {label: _heldout_nll(ctx, f, name) for label, f in others.items()}
-    best = min(scores, key=scores.get)
-    if scores[best] >= mine:
-        return fits, ""
-    for row in rows:
-        row["chosen"] = "none" if not others[best] else "paper"
-        row["reason"] += f"; replaced: {best} predicts the held-out windows better ({scores[best]:.4f} < {mine:.4f})"
-    return others[best], f"kept {best}: held-out NLL {scores[best]:.4f}, the gap-by-gap choices {mine:.4f}"
-
-
 @dataclass
-class _SequentialFits:
+class SequentialFits:
     """One sequential pass: per gap its fit, the statistics it was fitted on and the choice details."""
 
     fits: dict = field(default_factory=dict)  # Gap -> GapFit
@@ -491,9 +379,9 @@ class _SequentialFits:
     solve_seconds: float = 0.0  # fitting
 
 
-def _sequential_fits(ctx: FitContext, fit: Callable, label: str, sinks: bool) -> _SequentialFits:
+def sequential_fits(ctx: FitContext, fit: Callable, label: str, sinks: bool) -> SequentialFits:
     """Fit each gap with ``fit`` on the stream of the model already pruned and patched upstream."""
-    out = _SequentialFits()
+    out = SequentialFits()
     for gap in ctx.stream_gaps:
         t0 = time.perf_counter()
         out.stats[gap], out.heldout[gap] = ctx.stats_upstream(gap, dict(out.fits), label, sinks)
@@ -506,8 +394,8 @@ def _sequential_fits(ctx: FitContext, fit: Callable, label: str, sinks: bool) ->
 
 def _sequential(ctx: FitContext, entry: registry.Method, fit: Callable) -> MethodResult:
     """Fit each gap's operator on the stream of the model already pruned and patched upstream."""
-    done = _sequential_fits(ctx, fit, entry.name, entry.uses_sinks)
+    done = sequential_fits(ctx, fit, entry.name, entry.uses_sinks)
     choices = [{"method": entry.name, "boundary": f"{g.start}-{g.end}", **d} for g, d in done.details.items() if d]
     held = done.heldout if ctx.heldout_windows is not None else None
-    return _assembled(ctx, entry, done.fits, choices, done.solve_seconds, done.stats, held, done.calib_seconds,
+    return assembled_result(ctx, entry, done.fits, choices, done.solve_seconds, done.stats, held, done.calib_seconds,
                       notes=["sequential: each gap fitted on the upstream-patched model"])

@@ -98,7 +98,7 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            "patched upstream with the choices made so far). Never worse than `ghost` beyond noise on the "
            "reproduction grid, and up to 7.6 x better (see below)",
            GHOSTED, STREAM, "per --granularity", GRAM_SINK, "required",
-           fit="ghosted.recovery.fitting:fit_auto", scope="run", uses_sinks=True, sequential=True, conditioning=True),
+           fit="ghosted.recovery.auto:fit_auto", scope="run", uses_sinks=True, sequential=True, conditioning=True),
     Method("linearpatch-diag", "LinearPatch: per-channel scaling",
            "LinearPatch's per-channel ratio of mean absolute activations",
            LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel", "no",

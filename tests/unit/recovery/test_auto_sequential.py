@@ -11,7 +11,8 @@ import torch
 from ghosted.recovery import methods as registry
 from ghosted.calibration.collect import Gap
 from ghosted.evaluation.perplexity import perplexity
-from ghosted.recovery.fitting import AUTO_CANDIDATES, RecoveryConfig, recover
+from ghosted.recovery.auto import AUTO_CANDIDATES
+from ghosted.recovery.fitting import RecoveryConfig, recover
 from tests.tiny import random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL
 
