@@ -151,48 +151,68 @@ def select(source, metric: str, n: int, windows=None, heldout=None, config=None)
     return select_layers(source, metric, n, windows=windows, heldout=heldout, config=config)
 
 
-def fit(model, drop, calib, methods=("ghost-auto",), heldout=None, progress=None, **settings):
-    """Prune ``drop`` and fit each recovery method on ``calib``: a ``RecoveryRun``.
+def fit(model, drop, calib=None, methods=("ghost-auto",), heldout=None, progress=None, **settings):
+    """Prune ``drop`` and fit each recovery method: a ``RecoveryRun``.
 
-    ``methods`` is a name or a list (none, ghost, ghost-robust, ghost-auto, replaceme-ls,
-    replaceme-ls-robust, replaceme-cos, linearpatch-diag, linearpatch-rotate). The default,
-    ``ghost-auto``, keeps the paper's fit (``ghost``) or the sink-robust one per gap, whichever
-    gives the lower next-token loss on ``heldout`` windows; without ``heldout`` the last quarter of
-    ``calib`` is held out for that choice (and for the held-out errors). ``settings`` are fields of
-    ``RecoveryConfig`` (eps, solver, mode, granularity, ...) or of ``CalibrationConfig``
-    (batch_size, seed, ...). ``model`` is never changed; every method gets a new model. ``progress``
-    receives ``(stage, done, total)`` (``ghosted.core.progress``; e.g. ``TqdmProgress()``).
+    ``methods`` is a name or a list (``python -m ghosted methods`` lists them). The default,
+    ``ghost-auto``, keeps the paper's fit (``ghost``), the sink-robust one or no operator per gap,
+    whichever gives the lower next-token loss on held-out windows. ``calib``: ``TokenWindows`` to fit
+    on (with ``heldout`` beside them when a method needs held-out windows); without ``calib`` the
+    windows are drawn as ``python -m ghosted run`` draws them (``model`` must then be a ``LoadedModel``):
+    ``calib_seqs`` windows fitted and ``heldout_seqs`` more kept apart. ``settings`` are the experiment
+    spec's names, as the command line's flags spell them (``ghost_mode``, ``granularity``, ``eps``,
+    ``solver``, ``rank``, ``fold``, ``batch_size``, ``seed``, ``calib``, ``calib_seqs``, ``seq_len``,
+    ``heldout_seqs``, ``cache``, ...; ``python -m ghosted run --help``). ``model`` is never changed;
+    every method gets a new model. ``progress`` receives ``(stage, done, total)``.
 
     Example:
         >>> run = ghosted.fit(lm, "20-26", calib, methods=["none", "ghost"])
         >>> run.results["ghost"].model        # the recovered model
         >>> run.errors()                      # boundary errors per gap and method
     """
-    from dataclasses import fields
-
-    from ghosted.calibration.collect import CalibrationConfig
-    from ghosted.recovery.fitting import RecoveryConfig, recover
+    from ghosted.experiments import validate
+    from ghosted.experiments.session import CalibrationWindows, Session
     from ghosted.recovery.methods import needing_heldout
 
-    from ghosted.experiments import validate
-
-    calib_names = {f.name for f in fields(CalibrationConfig)}
-    recovery_names = {f.name for f in fields(RecoveryConfig)} - {"calibration"}
-    unknown = set(settings) - calib_names - recovery_names
-    if unknown:
-        raise TypeError(f"Unknown settings {sorted(unknown)}; use fields of RecoveryConfig "
-                        f"({', '.join(sorted(recovery_names))}) or CalibrationConfig "
-                        f"({', '.join(sorted(calib_names))}).")
-    calibration = CalibrationConfig(**{k: v for k, v in settings.items() if k in calib_names})
-    config = RecoveryConfig(calibration=calibration,
-                            **{k: v for k, v in settings.items() if k in recovery_names})
     methods = validate.check_methods(methods)
+    spec = _spec_of({"cache": False, **settings}, methods=methods)  # the API saves no statistics unasked
     validate.check_drop(drop, validate.facts_of_model(_model_of(model)).layers)  # before any forward pass
     _check_fit_settings(settings)
-    _check_windows(_model_of(model), calib, "calib")
-    if heldout is None and needing_heldout(methods):
-        calib, heldout = _hold_out_quarter(calib)
-    return recover(_model_of(model), drop, methods, calib, heldout, config, progress=progress)
+    windows = None
+    if calib is not None:
+        _check_windows(_model_of(model), calib, "calib")
+        if heldout is None and needing_heldout(methods):
+            raise ValueError(f"{', '.join(needing_heldout(methods))} chooses on held-out windows: give `heldout` "
+                             "windows beside `calib`, or leave `calib` out to draw both as the spec says "
+                             "(calib_seqs fitted, heldout_seqs kept apart).")
+        windows = CalibrationWindows(calib, heldout)
+    elif not _is_loaded(model):
+        raise TypeError("Without `calib` the windows are drawn with the model's tokenizer: give a LoadedModel "
+                        "(ghosted.load(...)), or give `calib` windows (ghosted.calibrate(...)).")
+    session = Session(spec, _as_loaded(model), progress, windows=windows)
+    return session.fit(drop).recovery
+
+
+def _spec_of(settings: dict, base=None, **fixed):
+    """The experiment spec with ``settings`` (the spec's flat names) over the defaults; an unknown name
+    is a TypeError that lists the known ones. ``mode`` and ``replaceme_fold``, the names of earlier
+    versions, are still read as ``ghost_mode`` and ``fold``."""
+    from ghosted.experiments.spec import ExperimentSpec
+
+    renamed = {"mode": "ghost_mode", "replaceme_fold": "fold"}
+    options = {renamed.get(k, k): v for k, v in settings.items()}
+    return (base or ExperimentSpec()).with_options(**options, **fixed)
+
+
+def _as_loaded(model):
+    """A ``LoadedModel`` as it is; a bare model wrapped (no tokenizer: windows must be given)."""
+    if _is_loaded(model):
+        return model
+    from ghosted.evaluation.perplexity import model_dtype_device
+    from ghosted.models.loading import LoadedModel
+
+    dtype, device = model_dtype_device(model)
+    return LoadedModel(model, None, "in memory", "module", device, dtype, 0.0)
 
 
 def _check_fit_settings(settings: dict) -> None:
@@ -207,31 +227,26 @@ def _check_fit_settings(settings: dict) -> None:
         validate.check_seed(settings["seed"])
 
 
-def _hold_out_quarter(windows):
-    """(fit windows, held-out windows): the last quarter of ``windows`` (at least one) held out."""
-    from ghosted.data.windows import split_calibration
-
-    n = windows.input_ids.size(0)
-    if n < 2:
-        raise ValueError("ghost-auto chooses on held-out windows: give `heldout`, or at least 2 calibration "
-                         "windows so that one can be held out.")
-    return split_calibration(windows, max(1, n // 4))
-
-
-def run(spec=None, model=None, **options):
+def run(spec=None, model=None, progress=None, **options):
     """Run one experiment: ``spec`` (an ``ghosted.experiments.spec.ExperimentSpec``, or None for the
-    defaults) with ``options`` changed by the command line's names (``drop="20-26"``, ``calib_seqs=16``).
-    ``model``: a ``LoadedModel`` to use instead of loading ``spec.model``. Returns (the JSON report, the
-    ``RecoveryRun``), exactly as ``python -m ghosted run --out`` (the report holds the spec under "spec").
+    defaults) with ``options`` changed by the spec's names, as the command line's flags spell them
+    (``drop="20-26"``, ``calib_seqs=16``, ``ghost_mode="sequential"``). ``model``: the model's source
+    (a folder, .gguf, hub id), or a ``LoadedModel`` to use instead of loading one. Returns (the JSON
+    report, the ``RecoveryRun``), exactly as ``python -m ghosted run --out`` (the report holds the spec
+    under "spec").
 
     Example:
         >>> report, run = ghosted.run(drop="20-26", methods=["dense", "ghost"], calib_seqs=16)
         >>> [(e["method"], e["ppl"]) for e in report["results"]]
     """
-    from ghosted.experiments.spec import ExperimentSpec
     from ghosted.experiments.run import run_experiment
 
-    return run_experiment((spec or ExperimentSpec()).with_options(**options), loaded=model)
+    loaded = model if _is_loaded(model) else None
+    if model is not None and loaded is None:
+        if not isinstance(model, str):
+            raise TypeError(f"model must be a source (str) or a LoadedModel, not {type(model).__name__}.")
+        options["model"] = model
+    return run_experiment(_spec_of(options, base=spec), loaded=loaded, progress=progress)
 
 
 def prune(model, drop):

@@ -43,10 +43,12 @@ def progress_from_args(args):
 
 
 def facts_from_args(args):
-    """The model's layer count and positions from its config alone (for ``--dry-run``)."""
+    """The model's layer count and positions from its config alone (for ``--dry-run``); ``args``: the
+    parsed flags or the experiment spec (a recipe's model)."""
     from ghosted.experiments.validate import model_facts
 
-    return model_facts(args.model, trust_remote_code=args.trust_remote_code)
+    model = model_fields(args)
+    return model_facts(model["source"], trust_remote_code=model["trust_remote_code"])
 
 
 def add_task_args(p: argparse.ArgumentParser) -> None:
@@ -63,12 +65,27 @@ def add_protocol_args(p: argparse.ArgumentParser) -> None:
     add_spec_args(p, ["protocol"])
 
 
-def load_from_args(args):
-    from ghosted.operators.checkpoint import load_any  # a saved recovered folder comes back with its operators
+def load_from_args(args, offload_folder: str | None = None):
+    """The model a command names, through the session's one loader (every model field; a saved recovered
+    folder comes back with its operators); ``args``: the parsed flags or the experiment spec."""
+    from ghosted.experiments.session import load_spec_model
+    from ghosted.experiments.spec import ExperimentSpec
 
-    return load_any(args.model, device=args.device, dtype=args.dtype, device_map=args.device_map,
-                      trust_remote_code=args.trust_remote_code,
-                      offload_folder=getattr(args, "offload_folder", None))
+    model = model_fields(args)
+    folder = offload_folder or getattr(args, "offload_folder", None)
+    return load_spec_model(ExperimentSpec().with_options(model=model.pop("source"), **model), offload_folder=folder)
+
+
+def model_fields(args) -> dict:
+    """The model fields (source, device, dtype, device_map, trust_remote_code) of a spec or of parsed flags."""
+    from dataclasses import asdict
+
+    from ghosted.experiments.spec import ExperimentSpec
+
+    if isinstance(args, ExperimentSpec):
+        return asdict(args.model)
+    return {"source": args.model, "device": args.device, "dtype": args.dtype, "device_map": args.device_map,
+            "trust_remote_code": args.trust_remote_code}
 
 
 def write_json(path: str | None, payload: dict) -> None:

@@ -13,7 +13,7 @@ from ghosted.recovery.methods import DEFAULT
 
 
 def add_parser(sub) -> None:
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec import RECOVERY_DETAILS, add_spec_args
 
     p = sub.add_parser("export", help="prune layers, recover them with one method, save the model",
                        description="Prune layers, fit one recovery method on calibration text, and "
@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
     g.add_argument("--method", default=DEFAULT, choices=list(METHODS),
                    help="recovery method (ghost: the paper's fit exactly)")
     add_spec_args(g, ["ghost_mode", "granularity", "eps", "solver", "fold"])
+    add_spec_args(p.add_argument_group("recovery details"), RECOVERY_DETAILS)
     p.add_argument("--out", required=True,
                    help="new or empty folder to write the model, operators and recipe to (never the "
                         "model's own folder or Ghosted's cache)")
@@ -42,7 +43,7 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
     from ghosted.operators.checkpoint import save_recovered
-    from ghosted.experiments.run import fit_spec
+    from ghosted.experiments.session import Session
     from ghosted.experiments.validate import check_export, check_export_model, facts_of_model, plan_export
 
     check_output_folder(args.out, args.overwrite, args.model)  # before loading: a typo costs nothing
@@ -51,12 +52,12 @@ def handle(args) -> int:
         print(plan_export(args, facts_from_args(args)))
         return 0
     spec = spec_from_args(args).with_options(methods=[args.method])
-    lm = load_from_args(args)
+    lm = load_from_args(spec, args.offload_folder)
     drop = check_export_model(args, facts_of_model(lm.model))  # fail before calibrating, not after
     with progress_from_args(args) as progress:
-        run = fit_spec(spec, lm, drop, progress)
-    out = save_recovered(run.results[args.method].model, args.out, lm, recipe=run, spec=spec.to_dict(),
-                         overwrite=args.overwrite)
+        fitted = Session(spec, lm, progress).fit(drop)
+    out = save_recovered(fitted.models[args.method], args.out, lm, recipe=fitted.recovery,
+                         spec=fitted.spec.to_dict(), overwrite=args.overwrite)
     print(describe_folder(out))
     return 0
 

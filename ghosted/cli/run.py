@@ -11,7 +11,7 @@ from ghosted.cli.common import (
 
 
 def add_parser(sub) -> None:
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec import RECOVERY_DETAILS, add_spec_args
 
     p = sub.add_parser("run", help="prune layers, recover them with each method, report perplexity",
                        description="Prune layers, fit each recovery method on calibration text, and "
@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     add_text_args(p)
     add_spec_args(p.add_argument_group("pruning and recovery"),
                   ["drop", "select", "n", "methods", "ghost_mode", "granularity", "eps", "solver", "rank", "fold"])
+    add_spec_args(p.add_argument_group("recovery details"), RECOVERY_DETAILS)
     add_protocol_args(p)
     add_task_args(p)
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
@@ -41,18 +42,15 @@ def handle(args) -> int:
     from ghosted.experiments.run import format_table, run_experiment
     from ghosted.experiments.validate import check_out_file, check_run, plan_run
 
-    spec = spec_from_args(args, base=load_spec(args.recipe) if args.recipe else None)
-    m = spec.model  # a recipe's model, unless the flags name another: load (or --dry-run read) that one
-    vars(args).update(model=m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
-                      trust_remote_code=m.trust_remote_code)
+    spec = spec_from_args(args, base=load_spec(args.recipe) if args.recipe else None)  # a recipe's model too
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(spec)  # every setting, before the model is loaded
     if args.dry_run:
-        print(plan_run(spec, facts_from_args(args)))
+        print(plan_run(spec, facts_from_args(spec)))
         return 0
     try:
         with progress_from_args(args) as progress:
-            report, _ = run_experiment(spec, loaded=load_from_args(args), progress=progress)
+            report, _ = run_experiment(spec, loaded=load_from_args(spec, args.offload_folder), progress=progress)
     except (Exception, KeyboardInterrupt) as err:
         return report_stopped(args, err)
     print(format_table(report))

@@ -30,19 +30,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
-from torch import nn
 
 from ghosted.experiments import validate
 from ghosted.core.progress import Progress, Say, lines
-from ghosted.evaluation.perplexity import perplexity
-from ghosted.models.loading import LoadedModel, load_model
+from ghosted.models.loading import LoadedModel
+from ghosted.experiments.session import Session
 from ghosted.experiments.spec import ExperimentSpec
-from ghosted.experiments.run import result_entry
 from ghosted.models.loading import versions
 from ghosted.models.pruning import format_layers
-from ghosted.recovery.fitting import BRANCH_METHODS, METHODS, recover
-from ghosted.evaluation.shared_prefix import perplexities
-from ghosted.data.windows import TokenWindows, capped_evaluation_windows
+from ghosted.recovery import methods as registry
+from ghosted.recovery.fitting import BRANCH_METHODS, METHODS
 
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
     "streamline": "seqcos_streamline",
@@ -114,16 +111,12 @@ class GridResult:
         return paths
 
 
-def choose_layers(model: nn.Module, cfg: GridConfig, fit, held, progress: Progress | None = None
-                  ) -> dict[tuple[str, int], tuple[list[int], str]]:
-    """(selection, n) -> (layers, reason), every criterion from one influence pass."""
-    from ghosted.selection.criteria import InfluenceConfig, influence
+def choose_layers(session: Session, cfg: GridConfig) -> dict[tuple[str, int], tuple[list[int], str]]:
+    """(selection, n) -> (layers, reason), every criterion from one influence pass on the session's windows."""
     from ghosted.selection.rules import select
 
     criteria = list(dict.fromkeys(cfg.criterion(s) for s in cfg.selections))
-    report = influence(model, fit, InfluenceConfig(metrics=criteria, n_values=list(cfg.n_values),
-                                                   batch_size=cfg.base.calibration.batch_size), heldout=held,
-                       progress=progress)
+    report = session.influence(metrics=criteria, n_values=list(cfg.n_values))
     return {(s, n): select(report, cfg.criterion(s), n) for s in cfg.selections for n in cfg.n_values}
 
 
@@ -136,36 +129,40 @@ def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[s
     return [m for m in methods if m not in BRANCH_METHODS], note
 
 
-def evaluate_setting(model: nn.Module, layers: list[int], methods: list[str], fit, held,
-                     evals: dict[str, TokenWindows], cfg: GridConfig, progress: Progress | None, tokenizer=None
-                     ) -> tuple[list[dict], dict, object]:
-    """Rows (method x text) for one layer set: one calibration pass, shared-prefix evaluation; and the
-    zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
+@dataclass
+class GridContext:
+    """What every part of a grid reads: its settings, the session (model, windows), where finished
+    parts are journaled, the digest of the settings, the state so far and the progress lines."""
+
+    cfg: GridConfig
+    session: Session  # the model and the calibration and evaluation windows, drawn once
+    journal: GridJournal | None  # None: no output folder, nothing journaled or resumed
+    settings: str  # settings_digest(): what every journaled part is keyed under
+    state: _GridState
+    say: Say  # one line per part of the grid, between the bars of its work
+
+    @property
+    def texts(self) -> list[str]:
+        return list(self.session.evaluation(self.cfg.evals).texts)
+
+    def find(self, kind: str, key: dict) -> dict | None:
+        return self.journal.find(kind, self.settings, key) if self.journal else None
+
+    def add(self, kind: str, key: dict, **payload) -> None:
+        if self.journal:
+            self.journal.add(kind, self.settings, key, **payload)
+
+
+def evaluate_setting(ctx: GridContext, layers: list[int], methods: list[str]) -> tuple[list[dict], dict, object]:
+    """Rows (method x text) for one layer set: the session's fit (one calibration pass) and its
+    shared-prefix evaluation; and the zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
     started = time.perf_counter()
-    run = recover(model, layers, methods, fit, held, cfg.base.recovery_config(), progress=progress,
-                  cache=cfg.base.calibration.cache)
-    fitted = time.perf_counter()
-    errors = run.errors()
-    models = {name: r.model for name, r in run.results.items()}
-    rows = []
-    for source, windows in evals.items():
-        results = perplexities(models, windows, batch_size=cfg.base.calibration.batch_size, progress=progress)
-        for name, model_ in models.items():
-            rows.append(_row(source, result_entry(name, results[name], run, errors, model_)))
-    tasks = score_tasks(models, tokenizer, cfg, progress)
-    timing = {"fit_seconds": round(fitted - started, 1), "eval_seconds": round(time.perf_counter() - fitted, 1)}
-    return rows, timing, tasks
-
-
-def score_tasks(models: dict[str, nn.Module], tokenizer, cfg: GridConfig, progress: Progress | None):
-    """The base's tasks scored on ``models`` (a ``TaskRun``), or None when the grid has no tasks."""
-    ev = cfg.base.evaluation
-    if not ev.tasks:
-        return None
-    from ghosted.evaluation.zeroshot import evaluate_tasks
-
-    return evaluate_tasks(models, tokenizer, ev.tasks, ev.task_limit, ev.num_fewshot,
-                          batch_size=cfg.base.calibration.batch_size, progress=progress)
+    fitted = ctx.session.fit(layers, methods)
+    done = time.perf_counter()
+    table = ctx.session.evaluate(fitted, reference=False, texts=ctx.cfg.evals)
+    tasks = ctx.session.tasks(fitted.models)
+    timing = {"fit_seconds": round(done - started, 1), "eval_seconds": round(time.perf_counter() - done, 1)}
+    return table.records(), timing, tasks
 
 
 class GridJournal:
@@ -268,7 +265,7 @@ class _GridState:
             setting = {"selection": selection, "criterion": self.cfg.criterion(selection), "n": n,
                        "layers": format_layers(layers)}
             cell = self.cells.get(tuple(layers))
-            if cell is not None or not [m for m in self.cfg.base.methods if m != "dense"]:
+            if cell is not None or not registry.with_role(self.cfg.base.methods, registry.BASELINE, registry.RECOVERY):
                 rows += [{**setting, **r} for r in [*self.dense.values(), *(cell or [])]]
                 scored = (self.tasks.get("dense"), self.tasks.get(tuple(layers)))
                 task_rows += [{**r, **setting} for record in scored if record for r in record["rows"]]
@@ -287,84 +284,68 @@ class _GridState:
 
 
 def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridState, resume: bool) -> GridResult:
-    say = lines(progress)  # one line per part of the grid, between the bars of its work
-    lm = loaded or load_model(cfg.base.model.source, device=cfg.base.model.device, dtype=cfg.base.model.dtype)
-    validate.check_grid_model(cfg, validate.facts_of_model(lm.model))  # before any forward pass
+    session = Session(cfg.base, loaded, progress)  # loads cfg.base.model unless given
+    validate.check_grid_model(cfg, validate.facts_of_model(session.lm.model))  # before any forward pass
     journal = GridJournal(state.out_dir, resume) if state.out_dir is not None else None
-    settings = settings_digest(cfg, lm)
-    fit, held = cfg.base.calibration.windows(lm.tokenizer)
-    evals, protocol = _evaluation_texts(lm.tokenizer, cfg, say)
+    ctx = GridContext(cfg, session, journal, settings_digest(cfg, session.lm), state, lines(progress))
+    windows, evaluation = session.calibration(), session.evaluation(cfg.evals)
     state.meta = {"config": vars(cfg.flat()), "spec": cfg.base.to_dict(),  # config: flat names, for reading
-                  "model": lm.name, "influence_seconds": 0.0, "selections": {},
-                  "calibration": fit.protocol, "evaluation": {s: w.protocol for s, w in evals.items()},
-                  "notes": [], "settings": {}, "resumed": [], "protocol": protocol}
-    state.chosen = _chosen_layers(lm.model, cfg, fit, held, journal, settings, state, progress)
+                  "model": session.lm.name, "influence_seconds": 0.0, "selections": {},
+                  "calibration": windows.fit.protocol,
+                  "evaluation": {s: w.protocol for s, w in evaluation.texts.items()},
+                  "notes": [], "settings": {}, "resumed": [], "protocol": evaluation.protocol}
+    state.chosen = _chosen_layers(ctx)
     state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
                                              "reason": why} for (s, n), (lay, why) in state.chosen.items()}
-    if "dense" in cfg.base.methods:
-        _dense_rows(lm.model, cfg, evals, say, progress, journal, settings, state)
-        _dense_tasks(lm, cfg, progress, journal, settings, state)
-    recovery = [m for m in dict.fromkeys(cfg.base.methods) if m != "dense"]
+    if registry.with_role(cfg.base.methods, registry.REFERENCE):
+        _reference_rows(ctx)
+        _reference_tasks(ctx)
+    fitted = session.fitted_methods()
     for (selection, n), (layers, _) in state.chosen.items():
-        key = tuple(layers)
-        if key in state.cells or not recovery:
-            continue
-        methods, notes = applicable(recovery, layers)
-        cell_key = {"layers": list(layers), "methods": methods, "evals": list(evals)}
-        record = journal.find("cell", settings, cell_key) if journal else None
-        if record is not None:
-            say(f"{selection} n={n}: layers {format_layers(layers)}, finished earlier (resumed)")
-            state.cells[key], timing = record["rows"], record["timing"]
-            state.tasks[key] = record.get("tasks")
-            state.meta["resumed"].append(format_layers(layers))
-        else:
-            say(f"{selection} n={n}: layers {format_layers(layers)}, {len(methods)} methods")
-            state.cells[key], timing, tasks = evaluate_setting(lm.model, layers, methods, fit, held, evals, cfg,
-                                                               progress, tokenizer=lm.tokenizer)
-            state.tasks[key] = task_record(tasks)
-            if journal:
-                journal.add("cell", settings, cell_key, rows=state.cells[key], timing=timing, tasks=state.tasks[key])
-        state.meta["settings"][format_layers(layers)] = timing
-        state.meta["notes"] += [f"{selection} {n} (layers {format_layers(layers)}): {x}" for x in notes]
-        state.saved()
+        if tuple(layers) not in state.cells and fitted:
+            _layer_set(ctx, selection, n, layers, fitted)
     result = state.result(complete=True)
     if state.out_dir is not None:
         result.save(state.out_dir)
     return result
 
 
-def _chosen_layers(model: nn.Module, cfg: GridConfig, fit, held, journal: GridJournal | None, settings: str,
-                   state: _GridState, progress: Progress | None) -> dict:
+def _layer_set(ctx: GridContext, selection: str, n: int, layers: list[int], fitted: list[str]) -> None:
+    """One layer set's rows: from the journal, or fitted and evaluated now (and journaled)."""
+    state, key, text = ctx.state, tuple(layers), format_layers(layers)
+    methods, notes = applicable(fitted, layers)
+    cell_key = {"layers": list(layers), "methods": methods, "evals": ctx.texts}
+    record = ctx.find("cell", cell_key)
+    if record is not None:
+        ctx.say(f"{selection} n={n}: layers {text}, finished earlier (resumed)")
+        state.cells[key], timing = record["rows"], record["timing"]
+        state.tasks[key] = record.get("tasks")
+        state.meta["resumed"].append(text)
+    else:
+        ctx.say(f"{selection} n={n}: layers {text}, {len(methods)} methods")
+        state.cells[key], timing, tasks = evaluate_setting(ctx, layers, methods)
+        state.tasks[key] = task_record(tasks)
+        ctx.add("cell", cell_key, rows=state.cells[key], timing=timing, tasks=state.tasks[key])
+    state.meta["settings"][text] = timing
+    state.meta["notes"] += [f"{selection} {n} (layers {text}): {x}" for x in notes]
+    state.saved()
+
+
+def _chosen_layers(ctx: GridContext) -> dict:
     """(selection, n) -> (layers, reason): from the journal when every one is there, else one influence pass."""
-    say = lines(progress)
+    cfg = ctx.cfg
     wanted = [(s, n) for s in cfg.selections for n in cfg.n_values]
-    found = {w: journal.find("selection", settings, {"selection": w[0], "n": w[1]}) if journal else None
-             for w in wanted}
+    found = {w: ctx.find("selection", {"selection": w[0], "n": w[1]}) for w in wanted}
     if all(found.values()):
-        say("layers chosen earlier (resumed): " + ", ".join(f"{s} {n}" for s, n in wanted))
+        ctx.say("layers chosen earlier (resumed): " + ", ".join(f"{s} {n}" for s, n in wanted))
         return {w: (r["layers"], r["reason"]) for w, r in found.items()}
-    say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
+    ctx.say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
     t0 = time.perf_counter()
-    chosen = choose_layers(model, cfg, fit, held, progress)
-    state.meta["influence_seconds"] = round(time.perf_counter() - t0, 1)
+    chosen = choose_layers(ctx.session, cfg)
+    ctx.state.meta["influence_seconds"] = round(time.perf_counter() - t0, 1)
     for (s, n), (layers, why) in chosen.items():
-        if journal:
-            journal.add("selection", settings, {"selection": s, "n": n}, layers=list(layers), reason=why)
+        ctx.add("selection", {"selection": s, "n": n}, layers=list(layers), reason=why)
     return chosen
-
-
-def _evaluation_texts(tokenizer, cfg: GridConfig, say: Say) -> tuple[dict[str, TokenWindows], dict]:
-    """({text: windows}, the protocol as a report field): a named preset, or ``cfg.evals`` capped."""
-    from ghosted.evaluation.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
-
-    ev, calib = cfg.base.evaluation, cfg.base.calibration.source
-    if ev.protocol:
-        protocol = resolve_protocol(ev.protocol, "", ev.tokens, ev.window)
-        evals, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
-        return evals, describe_protocol(protocol, skipped)
-    evals = {s: capped_evaluation_windows(tokenizer, s, ev.tokens, ev.window, calib) for s in cfg.evals}
-    custom = EvalProtocol("custom", tuple(cfg.evals), ev.window, ev.tokens, "texts given with --evals")
-    return evals, describe_protocol(custom)
 
 
 def task_record(run) -> dict | None:
@@ -374,40 +355,31 @@ def task_record(run) -> dict | None:
     return {"rows": run.frame.to_dict("records"), "protocols": run.protocols, "skipped": run.skipped}
 
 
-def _dense_tasks(lm: LoadedModel, cfg: GridConfig, progress: Progress | None, journal: GridJournal | None,
-                 settings: str, state: _GridState) -> None:
+def _reference_tasks(ctx: GridContext) -> None:
     """The dense model's zero-shot scores, once for the whole grid (or resumed)."""
-    if not cfg.base.evaluation.tasks:
+    tasks = ctx.cfg.base.evaluation.tasks
+    if not tasks:
         return
-    record = journal.find("dense-tasks", settings, {"tasks": cfg.base.evaluation.tasks}) if journal else None
+    record = ctx.find("dense-tasks", {"tasks": tasks})
     if record is None:
-        record = {"tasks": task_record(score_tasks({"dense": lm.model}, lm.tokenizer, cfg, progress))}
-        if journal:
-            journal.add("dense-tasks", settings, {"tasks": cfg.base.evaluation.tasks}, tasks=record["tasks"])
-    state.tasks["dense"] = record["tasks"]
+        record = {"tasks": task_record(ctx.session.tasks(ctx.session.models()))}
+        ctx.add("dense-tasks", {"tasks": tasks}, tasks=record["tasks"])
+    ctx.state.tasks["dense"] = record["tasks"]
 
 
-def _dense_rows(model: nn.Module, cfg: GridConfig, evals: dict, say: Say, progress: Progress | None,
-                journal: GridJournal | None = None, settings: str = "", state: _GridState | None = None) -> dict:
+def _reference_rows(ctx: GridContext) -> None:
     """The dense model's perplexity on each text, computed once for the whole grid (or resumed)."""
-    rows = state.dense if state is not None else {}
-    for source, windows in evals.items():
-        record = journal.find("dense", settings, {"eval": source}) if journal else None
+    rows = ctx.state.dense
+    for source in ctx.texts:
+        record = ctx.find("dense", {"eval": source})
         if record is not None:
-            say(f"dense on {source}: finished earlier (resumed)")
+            ctx.say(f"dense on {source}: finished earlier (resumed)")
             rows[source] = record["row"]
             continue
-        say(f"dense on {source}")
-        res = perplexity(model, windows, batch_size=cfg.base.calibration.batch_size, progress=progress, label="dense")
-        rows[source] = _row(source, result_entry("dense", res, None, None, model))
-        if journal:
-            journal.add("dense", settings, {"eval": source}, row=rows[source])
-    return rows
-
-
-def _row(source: str, entry: dict) -> dict:
-    """A grid row: the evaluation text and a report entry without its protocol (kept in the meta)."""
-    return {"eval": source, **{k: v for k, v in entry.items() if k != "protocol"}}
+        ctx.say(f"dense on {source}")
+        table = ctx.session.evaluate(texts=ctx.cfg.evals, on=source)
+        rows[source] = table.records()[0]
+        ctx.add("dense", {"eval": source}, row=rows[source])
 
 
 def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
@@ -425,7 +397,7 @@ def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
         sub = frame[frame["eval"] == source]
         for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
             ppl = dict(zip(group.method, group.ppl))
-            recovered = {m: v for m, v in ppl.items() if m not in ("dense", "none")}
+            recovered = {m: v for m, v in ppl.items() if registry.role_of(m) == registry.RECOVERY}
             best = min(recovered, key=recovered.get) if recovered else None
             cells = [_cell(ppl.get(m), m == best) for m in methods]
             parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")

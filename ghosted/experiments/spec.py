@@ -180,6 +180,29 @@ class RecoverySpec:
     fold: bool = _option(True, "--no-fold",  # fold ReplaceMe's map into the weights when it can
                          "keep ReplaceMe's map as a hooked operator instead of folding it into weights",
                          invert=True, option="fold")
+    replaceme_ridge: float = _option(0.0, "--replaceme-ridge",  # ReplaceMe's alpha (0 in its configs)
+                                     "ridge of ReplaceMe's least-squares map (its configs: 0)")
+    cos_epochs: int = _option(10, "--cos-epochs",  # ReplaceMe-cosine: Adam epochs over the reservoir (its default)
+                              "replaceme-cos: Adam epochs over the token reservoir (its default 10)")
+    cos_lr: float = _option(1e-4, "--cos-lr",  # ReplaceMe-cosine learning rate (its default)
+                            "replaceme-cos: learning rate (its default 1e-4)")
+    cos_batch_tokens: int = _option(1024, "--cos-batch-tokens",  # ReplaceMe-cosine minibatch (its default)
+                                    "replaceme-cos: tokens per minibatch (its default 1024)")
+    sink_position: bool = _option(True, "--no-sink-position",  # robust methods: each window's first token is a sink
+                                  "robust methods: do not treat the first token of each window as a sink",
+                                  invert=True, option="sink_position")
+    sink_norm_factor: float | None = _option(None, "--sink-norm-factor",  # also ‖x‖ > factor × median (None: off)
+                                             "robust methods: also treat tokens with a norm above this factor "
+                                             "times the median as sinks", metavar="FACTOR")
+    sink_map: str = _option("constant", "--sink-map",  # what sinks become: the mean X_post, or an affine map
+                            "robust methods: what sink tokens are mapped to", choices=["constant", "affine"])
+    choose_ridge: bool = _option(True, "--no-choose-ridge",  # robust methods: ridge chosen on held-out tokens
+                                 "robust methods: keep --eps instead of choosing the ridge on held-out windows",
+                                 invert=True, option="choose_ridge")
+
+
+RECOVERY_DETAILS = ["replaceme_ridge", "cos_epochs", "cos_lr", "cos_batch_tokens", "sink_position",
+                    "sink_norm_factor", "sink_map", "choose_ridge"]  # the flags of the "recovery details" group
 
 
 @dataclass
@@ -235,8 +258,8 @@ class ExperimentSpec:
         from ghosted.recovery.fitting import RecoveryConfig
 
         r, c = self.recovery, self.calibration
-        return RecoveryConfig(eps=r.eps, solver=r.solver, mode=r.ghost_mode, rank=r.rank, granularity=r.granularity,
-                              replaceme_fold=r.fold,
+        same = {f.name for f in fields(RecoveryConfig)} & {f.name for f in fields(RecoverySpec)}  # by name
+        return RecoveryConfig(**{name: getattr(r, name) for name in same}, mode=r.ghost_mode, replaceme_fold=r.fold,
                               calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
 
 

@@ -39,6 +39,11 @@ WEIGHTS = "folded weights"  # scales fused into existing weights: a plain checkp
 TRAINED = "trained module"  # a replacement trained by gradient descent on the calibration windows
 NONE = "none"  # no recovery (or no pruning)
 
+# Roles: what a method's model is in a comparison (tables, charts and the best-recovery rule read them).
+REFERENCE = "reference"  # the unpruned model every other is measured against
+BASELINE = "baseline"  # plain pruning: what a recovery has to beat
+RECOVERY = "recovery"  # a method that fits something in place of the removed layers
+
 
 @dataclass(frozen=True)
 class Paper:
@@ -66,6 +71,13 @@ class Method:
     sequential: bool = False  # honours --ghost-mode sequential; False: fitted independently, said in its notes
     reservoir: bool = False  # needs a reservoir of captured MLP outputs (not only second moments)
     conditioning: bool = False  # its ghost solve warns when ill-conditioned (too few tokens for d)
+    role: str = RECOVERY  # REFERENCE (the unpruned model), BASELINE (plain pruning) or RECOVERY
+    label: str = ""  # the name shown to users in tables and charts ("" : the name itself)
+
+    @property
+    def display(self) -> str:
+        """The label users read (``pruned`` for ``none``), the name when the entry has none."""
+        return self.label or self.name
 
 
 GHOSTED = Paper("Ghosted Layers", "2605.15491")
@@ -78,9 +90,9 @@ GRAM = "XᵀX, XᵀΔ"
 GRAM_SINK = "XᵀX, XᵀΔ, ΔᵀΔ with the sink tokens apart"
 
 REGISTRY: dict[str, Method] = {m.name: m for m in [
-    Method("dense", "the unpruned model", "the unpruned model", None, NONE, "-", "none", "no"),
+    Method("dense", "the unpruned model", "the unpruned model", None, NONE, "-", "none", "no", role=REFERENCE),
     Method("none", "the pruned model, no recovery", "the pruned model, no recovery", None, NONE, "-", "none", "no",
-           fit="ghosted.recovery.fitting:fit_none", scope="run", sequential=True),
+           fit="ghosted.recovery.fitting:fit_none", scope="run", sequential=True, role=BASELINE, label="pruned"),
     Method("ghost", "the paper's map W = I + M, least squares on every token",
            "the paper's method exactly: W = I + M, (XᵀX + εI)M = XᵀΔ, ε = 1e-6, float64, applied after the last "
            "kept layer (`--solver pinv` for the exact minimum-norm solution)",
@@ -168,6 +180,22 @@ def fit_function(method: Method) -> Callable:
 def _resolve(dotted: str) -> Callable:
     module, _, function = dotted.partition(":")
     return getattr(importlib.import_module(module), function)
+
+
+def role_of(name: str) -> str:
+    """The role of method ``name`` (REFERENCE, BASELINE or RECOVERY); a name outside the registry
+    (a model the user added to a comparison) counts as a recovery."""
+    return REGISTRY[name].role if name in REGISTRY else RECOVERY
+
+
+def label_of(name: str) -> str:
+    """The label users read for method ``name`` (``pruned`` for ``none``); other names as they are."""
+    return REGISTRY[name].display if name in REGISTRY else name
+
+
+def with_role(names, *roles: str) -> list[str]:
+    """The names among ``names`` whose role is one of ``roles``, in their order."""
+    return [n for n in names if role_of(n) in roles]
 
 
 def needing_heldout(methods) -> list[str]:

@@ -14,7 +14,8 @@ import transformers as tf
 from ghosted.calibration.collect import CalibrationConfig
 from ghosted.cli import main
 from ghosted.evaluation.perplexity import perplexity
-from ghosted.experiments.run import RunConfig, run_experiment
+from ghosted.experiments.run import run_experiment
+from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.pruning import prune
 from ghosted.recovery.fitting import RecoveryConfig, recover
 from ghosted.calibration.cache import StatsCache, model_identity, stats_dir
@@ -215,15 +216,15 @@ RUN = dict(drop="2-3", methods=["dense", "none", "ghost", "replaceme-ls"], calib
 def test_run_entries_say_computed_then_reused_with_equal_perplexity(folder_model, monkeypatch):
     from ghosted.calibration import cache as stats_cache
 
-    first, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model))
+    first, _ = run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(folder_model))
     with monkeypatch.context() as patch:  # evaluation needs the model: forbid only the calibration passes
         patch.setattr(stats_cache, "collect_stats", lambda *a, **k: pytest.fail("calibration ran again"))
-        second, _ = run_experiment(RunConfig(**RUN), loaded=loaded(folder_model))
+        second, _ = run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(folder_model))
     status = lambda report: {e["method"]: e.get("statistics") for e in report["results"]}  # noqa: E731
     assert status(first) == {"dense": None, "none": "computed", "ghost": "computed", "replaceme-ls": "computed"}
     assert status(second) == {"dense": None, "none": "reused", "ghost": "reused", "replaceme-ls": "reused"}
     assert [e["ppl"] for e in first["results"]] == [e["ppl"] for e in second["results"]]
-    third, _ = run_experiment(RunConfig(**RUN, cache=False), loaded=loaded(folder_model))
+    third, _ = run_experiment(ExperimentSpec().with_options(**RUN, cache=False), loaded=loaded(folder_model))
     assert status(third)["ghost"] == "computed" and first["complete"] and third["config"]["cache"] is False
 
 
@@ -248,7 +249,7 @@ def test_export_after_run_reuses_the_runs_statistics(folder_model, monkeypatch):
     from ghosted.data.windows import calibration_windows
 
     settings = {**RUN, "methods": ["dense", "none", "ghost-auto"]}
-    run_experiment(RunConfig(**settings), loaded=loaded(folder_model))
+    run_experiment(ExperimentSpec().with_options(**settings), loaded=loaded(folder_model))
     calib = calibration_windows(CharTokenizer(), "bundled:news", 4 + 2, 32, 0)  # what cli/export.py does
     fit_windows, held = split_calibration(calib, 2)
     monkeypatch.setattr(stats_cache, "collect_stats", lambda *a, **k: pytest.fail("calibration ran again"))

@@ -188,7 +188,7 @@ API_CASES = [
     ApiCase("fit seed too large", lambda m, d: ghosted.fit(m, "2", windows(), ["ghost"], seed=2**40), ValueError,
             ["seed", "2**32"]),
     ApiCase("fit unknown setting", lambda m, d: ghosted.fit(m, "2", windows(), ["ghost"], ridge=1.0), TypeError,
-            ["unknown settings", "ridge"]),
+            ["unknown experiment setting", "ridge", "ghost_mode"]),
     ApiCase("fit no windows", lambda m, d: ghosted.fit(m, "2", windows(0), ["ghost"]), ValueError, ["no window"]),
     ApiCase("fit windows beyond positions", lambda m, d: ghosted.fit(m, "2", windows(2, 200), ["ghost"]),
             ValueError, ["200", "128 positions"]),
@@ -375,14 +375,15 @@ def test_a_separate_evaluation_file_is_used_whole_from_its_start(tmp_path):
 
 
 def test_run_reports_which_part_it_evaluated(tmp_path):
-    from ghosted.experiments.run import RunConfig
+    from ghosted.experiments.spec import ExperimentSpec
     from ghosted.experiments.validate import facts_of_config, plan_run
     from tests.tiny import tiny_config
 
-    plan = plan_run(RunConfig(drop="2", eval="bundled:news", methods=["none"], eval_seq_len=128, seq_len=64),
+    plan = plan_run(ExperimentSpec().with_options(drop="2", eval="bundled:news", methods=["none"], eval_seq_len=128,
+                                                  seq_len=64),
                     facts_of_config(tiny_config("llama")))
     assert "bundled:news (evaluation part)" in plan
-    plan = plan_run(RunConfig(drop="2", methods=["none"], eval_seq_len=128, seq_len=64),
+    plan = plan_run(ExperimentSpec().with_options(drop="2", methods=["none"], eval_seq_len=128, seq_len=64),
                     facts_of_config(tiny_config("llama")))
     assert "bundled:wiki (the whole text)" in plan and "layers to drop: 2" in plan
 
@@ -393,7 +394,7 @@ def test_environment_is_offline():
 
 def test_same_settings_give_bitwise_equal_models_and_perplexities():
     model, win = tiny_model("llama"), windows(8, 16)
-    runs = [ghosted.fit(model, "2-3", win, ["ghost", "ghost-auto"], seed=3) for _ in range(2)]
+    runs = [ghosted.fit(model, "2-3", win, ["ghost", "ghost-auto"], heldout=windows(2, 16), seed=3) for _ in range(2)]
     for method in ("ghost", "ghost-auto"):
         a, b = (run.results[method].model for run in runs)
         assert torch.equal(a(win.input_ids).logits, b(win.input_ids).logits)

@@ -9,17 +9,18 @@ import pytest
 
 from ghosted.cli import build_parser, main
 from ghosted.evaluation.lastword import TASK, score_lastword
-from ghosted.experiments.run import RunConfig, format_table, run_experiment
+from ghosted.experiments.run import format_table, run_experiment
+from ghosted.experiments.spec import ExperimentSpec
 from ghosted.evaluation.protocols import PROTOCOLS, EvalProtocol, protocol_windows, resolve_protocol
 from tests.tiny import CharTokenizer, small_config, tiny_loaded
 
 FLAGS = ["--tasks", "--task-limit", "--num-fewshot", "--protocol"]
 
 
-def small_run(**overrides) -> RunConfig:
+def small_run(**overrides) -> ExperimentSpec:
     base = dict(drop="3-4", methods=["dense", "none", "ghost"], calib_seqs=6, seq_len=32, heldout_seqs=2,
                 eval_tokens=96, eval_seq_len=32, batch_size=4, device="cpu", dtype="float32")
-    return RunConfig(**{**base, **overrides})
+    return ExperimentSpec().with_options(**{**base, **overrides})
 
 
 @pytest.mark.parametrize("command", ["run", "grid"])
@@ -94,7 +95,7 @@ def test_paper_protocol_offline_is_one_clear_error(capsys, monkeypatch):
 
     lm = tiny_loaded()
     lm.model.config.max_position_embeddings = 4096  # room for the paper's 2048-token windows
-    monkeypatch.setattr(run_cli, "load_from_args", lambda args: lm)
+    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: lm)
     code = main(["run", "--drop", "3-4", "--methods", "none", "--protocol", "paper", "--calib-seqs", "4",
                  "--seq-len", "32", "--heldout-seqs", "0"])
     err = capsys.readouterr().err
@@ -135,7 +136,7 @@ def test_cli_passes_the_task_flags(monkeypatch, tmp_path, capsys):
         seen["cfg"] = cfg
         return {"results": [], "protocol": {"evaluation": {}, "calibration": None}, "model": "m", "dropped_spec": "",
                 "layers": 1}, None
-    monkeypatch.setattr(run_cli, "load_from_args", lambda args: None)
+    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: None)
     monkeypatch.setattr(pipeline, "run_experiment", fake_run)
     out = tmp_path / "r.json"
     code = main(["run", "--drop", "3", "--tasks", f" {TASK}, arc_easy ,{TASK}", "--task-limit", "50",

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from ghosted.experiments import grid as grid_module
+from ghosted.experiments import session as session_module
 from ghosted.evaluation.perplexity import perplexity
 from ghosted.experiments.grid import applicable, run_grid, to_markdown
 from ghosted.data.windows import capped_evaluation_windows
@@ -75,12 +76,12 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
 
 def test_same_layers_are_fitted_once(monkeypatch):
     calls = []
-    real = grid_module.recover
+    real = session_module.recover  # every fit of the grid goes through its session
 
     def counting(model, layers, *args, **kwargs):
         calls.append(tuple(layers))
         return real(model, layers, *args, **kwargs)
-    monkeypatch.setattr(grid_module, "recover", counting)
+    monkeypatch.setattr(session_module, "recover", counting)
     cfg = small_config(selections=["streamline", "seqcos_streamline"], n_values=[2], methods=["none", "ghost"],
                        evals=["bundled:wiki"])
     result = run_grid(cfg, loaded=tiny_loaded())
@@ -135,7 +136,7 @@ def test_cli_builds_the_config(monkeypatch, tmp_path, capsys):
         seen["cfg"] = cfg
         return grid_module.GridResult(pd.DataFrame([{"selection": "shortgpt", "n": 7, "layers": "1", "eval": "x",
                                                       "method": "dense", "ppl": 3.0}]), {"seconds": 1.0})
-    monkeypatch.setattr(grid_cli, "load_from_args", lambda args: None)
+    monkeypatch.setattr(grid_cli, "load_from_args", lambda *_: None)
     monkeypatch.setattr(grid_module, "run_grid", fake_run)
     code = main(["grid", "--selections", "shortgpt", "--n", "7", "--methods", "dense,ghost",
                  "--eval-tokens", "1024", "--calib-seqs", "8", "--out-dir", str(tmp_path)])

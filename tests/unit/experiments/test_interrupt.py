@@ -14,10 +14,12 @@ import transformers as tf
 
 from ghosted.experiments import grid as grid_module
 from ghosted.experiments import run as pipeline
+from ghosted.experiments import session as engine
 from ghosted.calibration import cache as stats_cache
 from ghosted.cli import main
 from ghosted.experiments.grid import run_grid
-from ghosted.experiments.run import RunConfig, run_experiment
+from ghosted.experiments.run import run_experiment
+from ghosted.experiments.spec import ExperimentSpec
 from tests.tiny import tiny_model
 from tests.tiny import small_config, tiny_loaded
 from tests.tiny import loaded
@@ -35,9 +37,9 @@ def interrupt(*_, **__):
 
 
 def test_ctrl_c_during_evaluation_keeps_every_fitted_method(monkeypatch):
-    monkeypatch.setattr(pipeline, "perplexities", interrupt)
+    monkeypatch.setattr(engine, "perplexities", interrupt)
     with pytest.raises(KeyboardInterrupt) as caught:
-        run_experiment(RunConfig(**RUN), loaded=tiny_loaded(6))
+        run_experiment(ExperimentSpec().with_options(**RUN), loaded=tiny_loaded(6))
     report = caught.value.partial_report
     assert report["complete"] is False
     assert report["stopped"]["stage"] == "evaluation" and report["stopped"]["by"] == "interrupted (Ctrl-C)"
@@ -66,22 +68,22 @@ def test_ctrl_c_during_calibration_keeps_the_finished_pass(monkeypatch, tmp_path
         return real(*args, **kwargs)
     monkeypatch.setattr(stats_cache, "collect_stats", second_pass_interrupted)
     with pytest.raises(KeyboardInterrupt) as caught:
-        run_experiment(RunConfig(**RUN), loaded=loaded(model))
+        run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(model))
     report = caught.value.partial_report
     assert report["complete"] is False and report["stopped"]["stage"] == "calibration and fitting"
     assert report["results"] == []
     assert "calibration statistics finished so far are cached" in report["stopped"]["finished"]
     monkeypatch.setattr(stats_cache, "collect_stats", real)
-    again, run = run_experiment(RunConfig(**RUN), loaded=loaded(model))
+    again, run = run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(model))
     assert run.statistics == {"calibration": "reused", "held-out": "computed"} and again["complete"] is True
 
 
 def test_an_error_after_some_work_also_carries_the_partial_report(monkeypatch):
     def broken(*_, **__):
         raise ValueError("evaluation text too short")
-    monkeypatch.setattr(pipeline, "perplexities", broken)
+    monkeypatch.setattr(engine, "perplexities", broken)
     with pytest.raises(ValueError, match="too short") as caught:
-        run_experiment(RunConfig(**RUN), loaded=tiny_loaded(6))
+        run_experiment(ExperimentSpec().with_options(**RUN), loaded=tiny_loaded(6))
     assert caught.value.partial_report["stopped"]["by"] == "ValueError: evaluation text too short"
 
 
@@ -89,8 +91,8 @@ def test_cli_ctrl_c_writes_partial_json_prints_the_table_and_exits_130(monkeypat
     from ghosted.cli import run as run_cli
 
     out = tmp_path / "report.json"
-    monkeypatch.setattr(run_cli, "load_from_args", lambda args: tiny_loaded(6))
-    monkeypatch.setattr(pipeline, "perplexities", interrupt)
+    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr(engine, "perplexities", interrupt)
     assert main([*RUN_ARGS, "--out", str(out)]) == 130
     captured = capsys.readouterr()
     report = json.loads(out.read_text())
@@ -105,8 +107,8 @@ def test_cli_error_after_some_work_writes_partial_json_and_exits_2(monkeypatch, 
     def broken(*_, **__):
         raise RuntimeError("out of memory")
     out = tmp_path / "report.json"
-    monkeypatch.setattr(run_cli, "load_from_args", lambda args: tiny_loaded(6))
-    monkeypatch.setattr(pipeline, "perplexities", broken)
+    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr(engine, "perplexities", broken)
     assert main([*RUN_ARGS, "--out", str(out)]) == 2
     assert json.loads(out.read_text())["stopped"]["by"] == "RuntimeError: out of memory"
     assert "error: out of memory" in capsys.readouterr().err
@@ -116,7 +118,7 @@ def test_a_normal_run_is_complete(tmp_path, monkeypatch):
     from ghosted.cli import run as run_cli
 
     out = tmp_path / "report.json"
-    monkeypatch.setattr(run_cli, "load_from_args", lambda args: tiny_loaded(6))
+    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: tiny_loaded(6))
     assert main([*RUN_ARGS, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["complete"] is True and "stopped" not in report and all(e["ppl"] > 1 for e in report["results"])
@@ -125,14 +127,15 @@ def test_a_normal_run_is_complete(tmp_path, monkeypatch):
 CTRL_C_SCRIPT = """
 import sys
 from ghosted.experiments import run as pipeline
+from ghosted.experiments import session as engine
 from ghosted.cli import main, run
 from tests.tiny import tiny_loaded
 
 def interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
-run.load_from_args = lambda args: tiny_loaded(6)
-pipeline.perplexities = interrupt
+run.load_from_args = lambda *_: tiny_loaded(6)
+engine.perplexities = interrupt
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -221,7 +224,7 @@ def test_ctrl_c_in_the_grid_keeps_finished_cells_and_resume_finishes_the_rest(mo
 def test_grid_cli_ctrl_c_exits_130_and_says_how_to_resume(monkeypatch, tmp_path, capsys):
     from ghosted.cli import grid as grid_cli
 
-    monkeypatch.setattr(grid_cli, "load_from_args", lambda args: tiny_loaded())
+    monkeypatch.setattr(grid_cli, "load_from_args", lambda *_: tiny_loaded())
     monkeypatch.setattr(grid_module, "evaluate_setting", interrupt)
     code = main(["grid", "--selections", "streamline", "--n", "2", "--methods", "none,ghost", "--evals",
                  "bundled:wiki", "--calib-seqs", "6", "--seq-len", "32", "--heldout-seqs", "2", "--eval-tokens", "96",

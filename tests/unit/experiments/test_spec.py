@@ -151,7 +151,7 @@ def test_a_results_json_reruns_to_identical_perplexities(first_run, tmp_path, mo
 
 def test_an_exported_recipe_reruns_to_identical_perplexities(first_run, tmp_path, monkeypatch, bundled):
     _, a = first_run
-    monkeypatch.setattr("ghosted.cli.export.load_from_args", lambda args: bundled)
+    monkeypatch.setattr("ghosted.cli.export.load_from_args", lambda *_: bundled)
     folder = tmp_path / "model"
     assert main(["export", *SMALL[:6], "--drop", "20-21", "--method", "ghost", "--out", str(folder)]) == 0
     saved = json.loads((folder / "ghosted_recipe.json").read_text())

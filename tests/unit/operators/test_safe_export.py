@@ -334,7 +334,7 @@ def model_folder(tmp_path) -> Path:
 @pytest.fixture
 def no_loading(monkeypatch):
     """Any model load fails the test: the targets must be refused before it."""
-    def fail(args):
+    def fail(*_):
         raise AssertionError("the model was loaded before the output target was checked")
 
     for name in ("run", "export", "influence", "grid"):

@@ -90,15 +90,27 @@ def test_fit_passes_settings_to_both_configs():
         ghosted.fit(tiny_model("llama"), "2-3", tiny_windows(), "ghost", bogus=1)
 
 
-def test_fit_defaults_to_ghost_auto_and_holds_out_a_quarter():
-    from tests.tiny import tiny_model
+def test_fit_defaults_to_ghost_auto_and_draws_held_out_windows_as_the_spec_says():
+    from tests.tiny import tiny_loaded, tiny_model
 
-    calib = tiny_windows()
-    run = ghosted.fit(tiny_model("llama"), "2-3", calib)
+    with pytest.raises(ValueError, match="heldout"):  # given windows and nothing held out: no silent split
+        ghosted.fit(tiny_model("llama"), "2-3", tiny_windows())
+    run = ghosted.fit(tiny_loaded(6), "2-3", calib_seqs=4, seq_len=32, heldout_seqs=2, batch_size=2)
     assert list(run.results) == ["ghost-auto"]
-    n = calib.input_ids.size(0)
-    assert run.protocol["n_windows"] == n - max(1, n // 4)  # the rest chose among the candidates
+    assert run.protocol["n_windows"] == 4  # the spec's draw: 4 fitted, 2 more kept apart to choose on
     assert set(run.choices().chosen) <= {"paper", "robust", "none"}
+
+
+def test_fit_and_run_take_the_spec_names():
+    from tests.tiny import tiny_loaded, tiny_model
+
+    run = ghosted.fit(tiny_model("llama"), "2-3", tiny_windows(), "ghost", ghost_mode="sequential", fold=False)
+    assert run.config.mode == "sequential" and run.config.replaceme_fold is False
+    report, _ = ghosted.run(model=tiny_loaded(6), drop="2-3", methods=["none"], ghost_mode="sequential",
+                            calib_seqs=2, seq_len=32, heldout_seqs=0, eval_tokens=64, eval_seq_len=32, cache=False)
+    assert report["spec"]["recovery"]["ghost_mode"] == "sequential"
+    with pytest.raises(TypeError, match="source"):
+        ghosted.run(model=3)
 
 
 def test_influence_without_heldout_skips_heldout_criteria():

@@ -1,0 +1,382 @@
+"""A session owns running one experiment: the model, the windows, the fits and the evaluation.
+
+``Session(spec)`` loads the model the spec names (every model field: device, dtype, device_map,
+trust_remote_code; a saved folder comes back with its operators) and then, each at most once:
+
+  * ``calibration()``: the calibration windows, fit and held-out, as the spec draws them;
+  * ``evaluation()``: the evaluation windows of every text (the spec's text or protocol);
+  * ``choose_layers()``: the layers the spec drops, given or chosen by its criterion;
+  * ``fit(layers, methods)``: every method fitted through ``recover`` -> ``FittedRun`` (carries its spec);
+  * ``evaluate(fitted)``: perplexity of the reference and every fitted model through the shared
+    prefix -> ``EvaluationTable`` (one row per method and text: method, label, role, ppl, nll, tokens);
+  * ``tasks(models)``, ``generate(models, prompts)``, ``influence()``: zero-shot scores, continuations
+    and the layer-selection criteria on the same model and windows.
+
+``python -m ghosted run`` / ``export`` / ``grid``, ``ghosted.fit`` / ``ghosted.run`` and the app are
+thin callers of it, so that every front end draws the same windows and gives the same numbers.
+
+Example:
+    >>> session = Session(ExperimentSpec().with_options(drop="20-26", methods=["dense", "none", "ghost"]))
+    >>> fitted = session.fit()                      # the spec's layers and methods
+    >>> table = session.evaluate(fitted)            # dense, pruned and ghost
+    >>> table.frame()[["method", "label", "role", "ppl"]]
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import pandas as pd
+from torch import nn
+
+from ghosted.core.progress import Progress
+from ghosted.data.windows import TokenWindows
+from ghosted.evaluation.perplexity import perplexity
+from ghosted.evaluation.shared_prefix import perplexities
+from ghosted.experiments.spec import ExperimentSpec
+from ghosted.models.loading import LoadedModel
+from ghosted.models.pruning import format_layers, parse_layers
+from ghosted.recovery import methods as registry
+from ghosted.recovery.fitting import RecoveryRun, recover
+
+
+@dataclass
+class CalibrationWindows:
+    """The calibration draw: the windows fitted and those kept apart (None when the spec keeps none)."""
+
+    fit: TokenWindows  # (N, T): what every method is fitted on
+    heldout: TokenWindows | None  # (H, T): held-out errors and ghost-auto's choice; None: heldout_seqs 0
+
+
+@dataclass
+class EvaluationWindows:
+    """The evaluation windows of every text, and the perplexity protocol they follow (report fields)."""
+
+    texts: dict[str, TokenWindows]  # text -> (N, T) windows, in the protocol's order
+    protocol: dict  # describe_protocol(...): name, texts, window, tokens, skipped texts
+
+
+@dataclass
+class LayerChoice:
+    """The layers an experiment removes, and why (``selection`` None: given by hand)."""
+
+    layers: list[int]  # 0-based, sorted
+    selection: dict | None = None  # criterion, n, layers, the rule's reason, seconds
+
+    @property
+    def text(self) -> str:
+        """The layers in the drop notation users type and read (``12-18``, inclusive)."""
+        return format_layers(self.layers)
+
+
+@dataclass
+class FittedRun:
+    """Every method fitted on one layer set, with the spec that describes exactly this fit."""
+
+    spec: ExperimentSpec  # the session's spec with these layers (drop) and these methods
+    layers: list[int]  # the removed layers
+    recovery: RecoveryRun  # the fits, diagnostics frames and one new model per method
+    selection: dict | None = None  # how the layers were chosen (None: by hand)
+
+    @property
+    def models(self) -> dict[str, nn.Module]:
+        """Method -> its recovered model (``none``: the plainly pruned one)."""
+        return {name: r.model for name, r in self.recovery.results.items()}
+
+
+@dataclass
+class EvaluationRow:
+    """One model scored on one text: the columns every table and report uses."""
+
+    method: str  # the registry's name ("dense", "none", "ghost", ...)
+    label: str  # the name users read ("pruned" for "none")
+    role: str  # registry.REFERENCE, BASELINE or RECOVERY
+    text: str  # the evaluation text
+    ppl: float | None  # None: not evaluated (a stopped run)
+    nll: float | None  # mean next-token NLL (nats)
+    tokens: int | None  # tokens scored
+    eval_seconds: float | None
+    parameters: int
+    protocol: dict | None  # the windows' protocol (source, part, windows, dtype, device)
+    fit: dict = field(default_factory=dict)  # a fitted model's: statistics, seconds, choices, boundary errors
+
+    def entry(self) -> dict:
+        """The report's entry for this row (``run --out``'s ``results``; the grid's rows)."""
+        entry = {"method": self.method, "label": self.label, "role": self.role, "ppl": self.ppl, "nll": self.nll,
+                 "tokens": self.tokens, "eval_seconds": self.eval_seconds, "parameters": self.parameters,
+                 "protocol": self.protocol}
+        if self.ppl is None:
+            entry["evaluated"] = False
+        return {**entry, **self.fit}
+
+
+@dataclass
+class EvaluationTable:
+    """Every model on every text: one ``EvaluationRow`` per (method, text), texts in protocol order."""
+
+    rows: list[EvaluationRow]
+    protocol: dict = field(default_factory=dict)  # the perplexity protocol (EvaluationWindows.protocol)
+
+    @property
+    def texts(self) -> list[str]:
+        return list(dict.fromkeys(r.text for r in self.rows))
+
+    def entries(self) -> list[dict]:
+        """One report entry per method, on the first text; ``ppl_by_source`` when there are several."""
+        texts = self.texts
+        first = [r for r in self.rows if r.text == texts[0]] if texts else []
+        entries = [r.entry() for r in first]
+        if len(texts) > 1:  # the paper protocol: one perplexity per text
+            for entry in entries:
+                entry["ppl_by_source"] = {r.text: r.ppl for r in self.rows if r.method == entry["method"]}
+        return entries
+
+    def records(self) -> list[dict]:
+        """One plain dict per method and text (``eval`` = the text), without the protocols: the grid's rows."""
+        return [{"eval": r.text, **{k: v for k, v in r.entry().items() if k != "protocol"}} for r in self.rows]
+
+    def frame(self) -> pd.DataFrame:
+        """``records()`` as a tidy frame."""
+        return pd.DataFrame(self.records())
+
+
+class Session:
+    """One experiment's model and windows, opened from a spec (see the module docstring).
+
+    ``loaded``: a model already loaded (the app's cached one, a test's tiny one) instead of loading
+    ``spec.model``; it is only read. ``calibration_text``: the calibration text itself when
+    ``spec.calibration.source`` only names it (an uploaded file). ``windows``: calibration windows the
+    caller drew (``ghosted.fit``), used instead of the spec's draw.
+    """
+
+    def __init__(self, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
+                 calibration_text: str | None = None, windows: CalibrationWindows | None = None):
+        self.spec = spec
+        self.progress = progress
+        self.lm = loaded if loaded is not None else load_spec_model(spec)
+        self._calibration_text = calibration_text
+        self._windows = windows
+        self._evaluation: dict[tuple, EvaluationWindows] = {}
+
+    @classmethod
+    def open(cls, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
+             **options) -> Session:
+        """A session on ``spec`` after every check: the settings before loading, the layers and
+        positions against the model before any forward pass."""
+        from ghosted.experiments import validate
+
+        validate.check_run(spec)
+        session = cls(spec, loaded, progress, **options)
+        session.check_model()
+        return session
+
+    def check_model(self) -> None:
+        """The spec's layers and windows against the loaded model (before any forward pass)."""
+        from ghosted.experiments import validate
+
+        validate.check_run_model(self.spec, validate.facts_of_model(self.lm.model))
+
+    # ------------------------------------------------------------------------------ windows
+    def calibration(self) -> CalibrationWindows:
+        """The calibration draw, drawn once: ``count + heldout`` windows, the last ``heldout`` kept apart."""
+        if self._windows is None:
+            fit, held = self.spec.calibration.windows(self.lm.tokenizer, text=self._calibration_text)
+            self._windows = CalibrationWindows(fit, held)
+        return self._windows
+
+    def evaluation(self, texts: list[str] | None = None) -> EvaluationWindows:
+        """The evaluation windows, drawn once per request: the spec's text or protocol, or (``texts``,
+        the grid's texts) ``evaluation.tokens`` of each of ``texts``, capped to whole windows."""
+        key = tuple(texts or ())
+        if key not in self._evaluation:
+            self._evaluation[key] = _evaluation_windows(self.spec, self.lm.tokenizer, texts, self.progress)
+        return self._evaluation[key]
+
+    # ------------------------------------------------------------------------------ layers and fits
+    @cached_property
+    def layer_choice(self) -> LayerChoice:
+        """The layers the spec removes: ``layers.drop`` parsed, or chosen by ``layers.select``."""
+        return self._choose_layers()
+
+    def choose_layers(self) -> LayerChoice:
+        return self.layer_choice
+
+    def _choose_layers(self) -> LayerChoice:
+        from ghosted.models.architecture import num_layers
+
+        layers = self.spec.layers
+        if not layers.select:
+            return LayerChoice(parse_layers(layers.drop, num_layers(self.lm.model)) if layers.drop else [])
+        if layers.drop:
+            raise ValueError("Give either layers to drop or a criterion to select them with, not both.")
+        from ghosted.selection.criteria import InfluenceConfig
+        from ghosted.selection.rules import select
+
+        windows = self.calibration()
+        started = time.perf_counter()
+        chosen, reason = select(self.lm.model, layers.select, layers.n, windows=windows.fit, heldout=windows.heldout,
+                                config=InfluenceConfig(batch_size=self.spec.calibration.batch_size,
+                                                       eps=self.spec.recovery.eps, solver=self.spec.recovery.solver))
+        return LayerChoice(chosen, {"metric": layers.select, "n": layers.n, "layers": chosen, "reason": reason,
+                                    "seconds": round(time.perf_counter() - started, 2)})
+
+    def fitted_methods(self, methods=None) -> list[str]:
+        """The methods of ``methods`` (default: the spec's) that are fitted: every role but the reference."""
+        names = list(dict.fromkeys(self.spec.methods if methods is None else methods))
+        return registry.with_role(names, registry.BASELINE, registry.RECOVERY)
+
+    def fit(self, layers=None, methods=None) -> FittedRun:
+        """Fit ``methods`` (default: the spec's, but the reference) with ``layers`` removed (default:
+        the spec's), on the session's calibration windows: the one place ``recover`` is called."""
+        choice = self.layer_choice if layers is None else LayerChoice(_layer_list(layers, self.lm.model))
+        if not choice.layers:
+            raise ValueError("Methods other than 'dense' need layers to drop (--drop).")
+        names = self.fitted_methods(methods)
+        windows = self.calibration()
+        run = recover(self.lm.model, choice.layers, names, windows.fit, windows.heldout, self.spec.recovery_config(),
+                      progress=self.progress, cache=self.spec.calibration.cache)
+        refs = registry.with_role(self.spec.methods if methods is None else methods, registry.REFERENCE)
+        spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])
+        return FittedRun(spec, choice.layers, run, choice.selection)
+
+    # ------------------------------------------------------------------------------ evaluation
+    def models(self, fitted: FittedRun | None = None, reference: bool = True) -> dict[str, nn.Module]:
+        """Method -> model: the reference (the loaded model) first when asked, then every fitted one."""
+        models = {"dense": self.lm.model} if reference else {}
+        return {**models, **(fitted.models if fitted else {})}
+
+    def evaluate(self, fitted: FittedRun | None = None, reference: bool = True, texts: list[str] | None = None,
+                 models: dict[str, nn.Module] | None = None, on: str | None = None) -> EvaluationTable:
+        """Perplexity of the reference and of every model ``fitted`` holds (or of ``models``) on every
+        evaluation text (``texts``: see ``evaluation``; ``on``: that one text only); models that share
+        leading layers run them once (``shared_prefix``)."""
+        models = models if models is not None else self.models(fitted, reference)
+        evaluation = self.evaluation(texts)
+        batch = self.spec.calibration.batch_size
+        recovery = fitted.recovery if fitted else None
+        errors = recovery.errors() if recovery else None
+        rows = []
+        for text, windows in evaluation.texts.items():
+            if on is not None and text != on:
+                continue
+            if len(models) == 1:  # nothing to share: the plain pass, labelled by its method
+                (name, model), = models.items()
+                scored = {name: perplexity(model, windows, batch_size=batch, progress=self.progress, label=name)}
+            else:
+                scored = perplexities(models, windows, batch_size=batch, progress=self.progress)
+            rows += [evaluation_row(name, text, scored[name], model, recovery, errors)
+                     for name, model in models.items()]
+        return EvaluationTable(rows, evaluation.protocol)
+
+    def unevaluated(self, fitted: FittedRun | None, reference: bool = True) -> EvaluationTable:
+        """The rows of ``fitted``'s models without perplexity (a run stopped before it evaluated)."""
+        recovery = fitted.recovery if fitted else None
+        errors = recovery.errors() if recovery else None
+        return EvaluationTable([evaluation_row(name, "", None, model, recovery, errors)
+                                for name, model in self.models(fitted, reference).items()])
+
+    def tasks(self, models: dict[str, nn.Module]):
+        """The spec's zero-shot tasks scored on ``models`` (a ``TaskRun``), None without tasks."""
+        ev = self.spec.evaluation
+        if not ev.tasks:
+            return None
+        from ghosted.evaluation.zeroshot import evaluate_tasks
+
+        return evaluate_tasks(models, self.lm.tokenizer, ev.tasks, ev.task_limit, ev.num_fewshot,
+                              batch_size=self.spec.calibration.batch_size, progress=self.progress)
+
+    def generate(self, models: dict[str, nn.Module], prompts, **config) -> Generations:
+        """Each model's continuation of each prompt (``GenerationConfig`` fields in ``config``)."""
+        from ghosted.evaluation.generation import generate
+
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        return Generations(prompts, {name: generate(model, self.lm.tokenizer, prompts, **config)
+                                     for name, model in models.items()})
+
+    def influence(self, **config):
+        """The layer-selection criteria on the calibration windows (``InfluenceConfig`` fields in ``config``)."""
+        from ghosted.selection.criteria import InfluenceConfig, influence
+
+        windows = self.calibration()
+        config.setdefault("batch_size", self.spec.calibration.batch_size)
+        return influence(self.lm.model, windows.fit, InfluenceConfig(**config), heldout=windows.heldout,
+                         progress=self.progress)
+
+
+@dataclass
+class Generations:
+    """Each model's continuation of each prompt."""
+
+    prompts: list[str]
+    texts: dict[str, list[str]]  # method -> one continuation per prompt
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([{"method": m, "label": registry.label_of(m), "prompt": p, "continuation": t}
+                             for m, texts in self.texts.items() for p, t in zip(self.prompts, texts)])
+
+
+def load_spec_model(spec: ExperimentSpec, offload_folder: str | None = None) -> LoadedModel:
+    """The model ``spec.model`` names, with every model field; a saved folder with its operators.
+    ``offload_folder``: with ``device_map``, where layers that fit on no device go (a machine setting,
+    not part of the experiment, so not in the spec)."""
+    from ghosted.operators.checkpoint import load_any
+
+    m = spec.model
+    return load_any(m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
+                    trust_remote_code=m.trust_remote_code, offload_folder=offload_folder)
+
+
+def _layer_list(layers, model: nn.Module) -> list[int]:
+    from ghosted.models.architecture import num_layers
+
+    return parse_layers(layers, num_layers(model))
+
+
+def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress) -> EvaluationWindows:
+    """The spec's protocol (a preset, or its text), or ``texts`` capped to whole windows (the grid)."""
+    from ghosted.core.progress import lines
+    from ghosted.data.windows import capped_evaluation_windows
+    from ghosted.evaluation.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
+
+    ev, calib = spec.evaluation, spec.calibration.source
+    if texts and not ev.protocol:
+        windows = {s: capped_evaluation_windows(tokenizer, s, ev.tokens, ev.window, calib) for s in texts}
+        custom = EvalProtocol("custom", tuple(texts), ev.window, ev.tokens, "texts given with --evals")
+        return EvaluationWindows(windows, describe_protocol(custom))
+    protocol = resolve_protocol(ev.protocol, "" if texts else ev.source, ev.tokens, ev.window)
+    say = lines(progress) if texts else None
+    windows, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
+    return EvaluationWindows(windows, describe_protocol(protocol, skipped))
+
+
+def evaluation_row(name: str, text: str, res, model: nn.Module, recovery: RecoveryRun | None = None,
+                   errors: pd.DataFrame | None = None) -> EvaluationRow:
+    """One model's row: perplexity (``res`` None: not evaluated), parameters and, for a fitted model,
+    its fit (statistics reused or computed, seconds, ghost-auto's choices, boundary errors)."""
+    return EvaluationRow(
+        method=name, label=registry.label_of(name), role=registry.role_of(name), text=text,
+        ppl=res.ppl if res else None, nll=res.nll if res else None, tokens=res.scored_tokens if res else None,
+        eval_seconds=round(res.seconds, 2) if res else None, parameters=sum(p.numel() for p in model.parameters()),
+        protocol=res.protocol if res else None,
+        fit=fit_fields(name, recovery, errors) if recovery and name in recovery.results else {})
+
+
+def fit_fields(name: str, recovery: RecoveryRun, errors: pd.DataFrame) -> dict:
+    """A fitted model's report fields: how its statistics came, seconds, choices, boundary errors."""
+    r = recovery.results[name]
+    out = {"statistics": r.statistics,  # "computed" by a calibration pass, or "reused" from the cache
+           "calib_seconds": round(r.calib_seconds, 3), "solve_seconds": round(r.solve_seconds, 4)}
+    chosen = [c for c in r.choices if "chosen" in c]
+    if chosen:  # ghost-auto: which fit each gap got, and the held-out NLL of each candidate
+        out["chosen"] = ", ".join(f"{c['boundary']}: {c['chosen']}" for c in chosen)
+        out["auto_heldout_nll"] = "; ".join(  # a string, like "chosen", so grid frames stay flat
+            f"{c['boundary']}: " + ", ".join(f"{k[4:]} {c[k]:.4f}" for k in c if k.startswith("nll_"))
+            for c in chosen)
+    label = registry.label_of(name)
+    for split in ("fit", "heldout"):
+        rows = errors[(errors.method == label) & (errors.split == split)]
+        if len(rows) and rows.delta_sq.sum() > 0:  # token-weighted over gaps: total error / total ‖Δ‖²
+            out[f"{split}_boundary_error"] = float(rows.error.sum() / rows.delta_sq.sum())
+    return out

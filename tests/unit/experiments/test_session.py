@@ -1,0 +1,86 @@
+"""The session owns running an experiment: one loader, windows drawn once, typed fits and tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from ghosted.experiments import session as engine
+from ghosted.experiments.run import run_experiment
+from ghosted.experiments.session import EvaluationTable, FittedRun, Session
+from ghosted.experiments.spec import ExperimentSpec
+from ghosted.recovery.methods import BASELINE, RECOVERY, REFERENCE
+from tests.tiny import tiny_loaded
+
+SMALL = dict(drop="2-3", methods=["dense", "none", "ghost"], calib_seqs=4, seq_len=32, heldout_seqs=2,
+             eval_tokens=64, eval_seq_len=32, batch_size=2, device="cpu", dtype="float32", cache=False)
+
+
+def small_spec(**overrides) -> ExperimentSpec:
+    return ExperimentSpec().with_options(**{**SMALL, **overrides})
+
+
+def test_windows_are_drawn_once_and_held_out_as_the_spec_says():
+    session = Session(small_spec(), tiny_loaded(6))
+    windows = session.calibration()
+    assert session.calibration() is windows  # drawn once, shared by every fit
+    assert windows.fit.input_ids.shape[0] == 4 and windows.heldout.input_ids.shape[0] == 2
+    assert session.evaluation() is session.evaluation()
+    assert Session(small_spec(heldout_seqs=0), tiny_loaded(6)).calibration().heldout is None
+
+
+def test_a_fit_carries_the_spec_of_exactly_what_was_fitted():
+    session = Session(small_spec(), tiny_loaded(6))
+    fitted = session.fit()
+    assert isinstance(fitted, FittedRun) and fitted.layers == [2, 3]
+    assert list(fitted.models) == ["none", "ghost"]  # the reference is never fitted
+    assert fitted.spec.layers.drop == "2-3" and fitted.spec.methods == ["dense", "none", "ghost"]
+    other = session.fit("1", ["ghost"])
+    assert other.spec.layers.drop == "1" and other.spec.methods == ["ghost"]
+    assert ExperimentSpec.from_dict(other.spec.to_dict()) == other.spec  # what every save writes
+
+
+def test_the_table_has_one_vocabulary_and_roles_from_the_registry():
+    session = Session(small_spec(), tiny_loaded(6))
+    table = session.evaluate(session.fit())
+    assert isinstance(table, EvaluationTable)
+    rows = {r.method: r for r in table.rows}
+    assert (rows["dense"].role, rows["none"].role, rows["ghost"].role) == (REFERENCE, BASELINE, RECOVERY)
+    assert (rows["dense"].label, rows["none"].label, rows["ghost"].label) == ("dense", "pruned", "ghost")
+    assert all(r.ppl > 1 and r.tokens > 0 for r in table.rows)
+    frame = table.frame()
+    assert {"method", "label", "role", "ppl", "nll", "tokens"} <= set(frame.columns)
+    assert "heldout_boundary_error" in rows["ghost"].fit and rows["dense"].fit == {}
+
+
+def test_the_run_report_is_the_sessions_table():
+    spec = small_spec()
+    report, _ = run_experiment(spec, loaded=tiny_loaded(6))
+    session = Session(spec, tiny_loaded(6))
+    table = session.evaluate(session.fit())
+    assert [(e["method"], e["ppl"]) for e in report["results"]] == [(r.method, r.ppl) for r in table.rows]
+
+
+def test_the_model_is_loaded_with_every_model_field(monkeypatch):
+    seen = {}
+
+    def load_any(source, **options):
+        seen.update(source=source, **options)
+        return tiny_loaded(6)
+    monkeypatch.setattr("ghosted.operators.checkpoint.load_any", load_any)
+    spec = small_spec(model="some/model", device_map="auto", trust_remote_code=True, dtype="bfloat16")
+    Session(spec)
+    assert seen == {"source": "some/model", "device": "cpu", "dtype": "bfloat16", "device_map": "auto",
+                    "trust_remote_code": True, "offload_folder": None}
+
+
+def test_no_layers_no_fit():
+    with pytest.raises(ValueError, match="layers to drop"):
+        Session(small_spec(drop=""), tiny_loaded(6)).fit()
+
+
+def test_one_model_is_scored_by_the_plain_pass(monkeypatch):
+    def shared(*_, **__):
+        raise AssertionError("one model has nothing to share")
+    monkeypatch.setattr(engine, "perplexities", shared)
+    table = Session(small_spec(), tiny_loaded(6)).evaluate()
+    assert [r.method for r in table.rows] == ["dense"] and table.rows[0].ppl > 1
