@@ -11,14 +11,16 @@ import plotly.graph_objects as go
 
 from ghosted.recovery.diagnostics import removed_shares
 from ghosted.recovery.fitting import METHODS
+from ghosted.recovery.methods import BASELINE_METHOD, TRAINED_METHODS, label_of
 
-PRUNED = "pruned"
+PRUNED = label_of(BASELINE_METHOD)  # "pruned": the plainly pruned model's label
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, legend=dict(orientation="h", y=-0.2))
 
 
 def method_label(method: str) -> str:
-    return PRUNED if method == "none" else method
+    """The label users read for a method (from the registry)."""
+    return label_of(method)
 
 
 def heatmap(blocks: pd.DataFrame, metric: str, prune: str = "") -> go.Figure:
@@ -59,7 +61,7 @@ def perplexity_bars(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
-TRAINED = ("replaceme-cos", "streamline-ffn", "streamline-layer")  # fitted by gradient steps, not in closed form
+TRAINED = TRAINED_METHODS  # fitted by gradient steps, not in closed form (the registry's closed_form)
 
 
 def frontier_points(table: pd.DataFrame) -> pd.DataFrame:

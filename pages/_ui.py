@@ -310,5 +310,7 @@ def sidebar() -> None:
 
 
 def label(method: str) -> str:
-    """Display name of a method: 'none' is the plainly pruned model."""
-    return "pruned" if method == "none" else method
+    """Display name of a method, from the registry: 'none' is the plainly pruned model ('pruned')."""
+    from ghosted.recovery.methods import label_of
+
+    return label_of(method)

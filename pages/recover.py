@@ -5,7 +5,7 @@ import time
 import streamlit as st
 
 from ghosted.models.architecture import hidden_size
-from ghosted.recovery.methods import help_text
+from ghosted.recovery.methods import RECOVERY, help_text, with_role
 from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.pruning import format_layers
 from ghosted.experiments.run import fit_spec
@@ -13,7 +13,7 @@ from ghosted.recovery.fitting import METHODS
 from pages import _charts, _text, _ui
 
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
-METHOD_HELP = help_text(m for m in METHODS if m != "none")  # from the registry, ghosted.recovery.methods
+METHOD_HELP = help_text(with_role(METHODS, RECOVERY))  # from the registry, ghosted.recovery.methods
 AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
              "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
              "(next-token loss), so it is never worse there than plain pruning. "
@@ -23,7 +23,7 @@ AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (*
 
 def settings_form(cfg) -> dict | None:
     """Calibration settings; returns them (with a text resolver) when the form is submitted."""
-    fittable = [m for m in METHODS if m != "none"]
+    fittable = with_role(METHODS, RECOVERY)
     kind = _text.text_kind(cfg, "bundled:news", "calib", "Calibration text")
     with st.form("calibrate_form"):
         text = _text.text_inputs(cfg, kind, "calib")

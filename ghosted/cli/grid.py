@@ -50,10 +50,10 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
     from ghosted.experiments.grid import GridConfig, run_grid
-    from ghosted.recovery.fitting import METHODS
+    from ghosted.recovery.methods import REGISTRY
     from ghosted.experiments.validate import check_grid, check_out_dir, parse_counts, plan_grid
 
-    methods = ["dense", *METHODS] if args.methods == "all" else _list(args.methods)
+    methods = list(REGISTRY) if args.methods == "all" else _list(args.methods)
     base = spec_from_args(args, ignore=("n", "methods")).with_options(methods=methods)  # --n, --methods: the grid's
     cfg = GridConfig(base=base, selections=_list(args.selections), n_values=parse_counts(args.n, "--n"),
                      evals=_list(args.evals))

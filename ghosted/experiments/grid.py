@@ -39,7 +39,7 @@ from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.loading import versions
 from ghosted.models.pruning import format_layers
 from ghosted.recovery import methods as registry
-from ghosted.recovery.fitting import BRANCH_METHODS, METHODS
+from ghosted.recovery.fitting import BRANCH_METHODS
 
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
     "streamline": "seqcos_streamline",
@@ -50,7 +50,7 @@ ALIASES = {  # the paper's selections, as its released code computes them (seque
 def grid_base() -> ExperimentSpec:
     """The settings every cell of the grid shares: a run's defaults, with every method and 8192 tokens
     per evaluation text."""
-    return ExperimentSpec().with_options(methods=["dense", *METHODS], eval_tokens=8192)
+    return ExperimentSpec().with_options(methods=list(registry.REGISTRY), eval_tokens=8192)
 
 
 GRID_AXES = ("selections", "n_values", "evals")  # what the grid varies, besides the methods

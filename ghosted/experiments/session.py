@@ -158,6 +158,7 @@ class Session:
         self.lm = loaded if loaded is not None else load_spec_model(spec)
         self._calibration_text = calibration_text
         self._windows = windows
+        self._drawn = windows is None  # the spec draws the calibration windows (so a recipe reruns them)
         self._evaluation: dict[tuple, EvaluationWindows] = {}
 
     @classmethod
@@ -239,12 +240,13 @@ class Session:
                       progress=self.progress, cache=self.spec.calibration.cache)
         refs = registry.with_role(self.spec.methods if methods is None else methods, registry.REFERENCE)
         spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])
+        run.spec = spec.to_dict() if self._drawn else None  # windows given by hand: no spec redraws them
         return FittedRun(spec, choice.layers, run, choice.selection)
 
     # ------------------------------------------------------------------------------ evaluation
     def models(self, fitted: FittedRun | None = None, reference: bool = True) -> dict[str, nn.Module]:
         """Method -> model: the reference (the loaded model) first when asked, then every fitted one."""
-        models = {"dense": self.lm.model} if reference else {}
+        models = {registry.REFERENCE_METHOD: self.lm.model} if reference else {}
         return {**models, **(fitted.models if fitted else {})}
 
     def evaluate(self, fitted: FittedRun | None = None, reference: bool = True, texts: list[str] | None = None,

@@ -22,6 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ghosted.recovery.methods import BASELINE, RECOVERY, with_role
+
 SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0, 2**32)
 FLAGS = {  # API name -> CLI flag, so one message serves both
     "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
@@ -86,12 +88,12 @@ def check_eval_size(tokens, seq_len, tokens_name: str = "eval_tokens", len_name:
 
 def check_methods(methods) -> list[str]:
     """A non-empty list of known method names, ``dense`` included (duplicates dropped, order kept)."""
-    from ghosted.recovery.fitting import METHODS
+    from ghosted.recovery.methods import REGISTRY
 
     if isinstance(methods, str):
         methods = [methods]
     names = [m.strip() if isinstance(m, str) else m for m in methods]
-    known = ["dense", *METHODS]
+    known = list(REGISTRY)
     if not names or not all(names):
         raise ValueError(f"Give at least one method (--methods), from: {', '.join(known)}.")
     unknown = [m for m in names if m not in known]
@@ -272,7 +274,7 @@ def check_run(cfg) -> None:
         check_n(cfg.n, None)
     else:
         drop = check_drop_syntax(cfg.drop)
-        if not drop and any(m != "dense" for m in methods):
+        if not drop and with_role(methods, BASELINE, RECOVERY):
             raise ValueError("Methods other than 'dense' need layers to drop: give --drop (e.g. 20-26) or "
                              "--select with --n.")
     check_heldout(methods, cfg.heldout_seqs)
@@ -384,7 +386,7 @@ def plan_run(cfg, facts: ModelFacts) -> str:
 
     drop = check_run_model(cfg, facts)
     methods = check_methods(cfg.methods)
-    fitted = [m for m in methods if m != "dense"]
+    fitted = with_role(methods, BASELINE, RECOVERY)
     if cfg.select:
         layers = f"chosen by {resolve_criterion(cfg.select, iterative=True)} (n = {cfg.n}) on the calibration windows"
     else:

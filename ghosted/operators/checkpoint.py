@@ -81,6 +81,7 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
     entries, tensors = _operator_entries(model)
     state = {k: v for k, v in model.state_dict().items() if not _is_ghosted_key(k)}
     full = build_recipe(model, entries, recipe, loaded=loaded)
+    spec = spec if spec is not None else getattr(recipe, "spec", None)  # a session's fit carries its spec
     if spec is not None:
         full["spec"] = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)  # an ExperimentSpec, or its dict
     with staged_folder(out) as staged:

@@ -153,8 +153,11 @@ def removed_shares(errors: pd.DataFrame) -> pd.DataFrame:
     pruned model's), not a mean of the per-gap shares. One row per fitted method (in the frame's order),
     one column per split present ("fit", "heldout"); 1 = every gap fully restored, 0 = plain pruning.
     """
-    delta = errors[errors.method == "pruned"].set_index(["boundary", "split"]).error  # ‖Δ‖² per gap
-    frame = errors[errors.method != "pruned"]
+    from ghosted.recovery.methods import BASELINE_METHOD, label_of
+
+    pruned = label_of(BASELINE_METHOD)  # the plainly pruned model's rows
+    delta = errors[errors.method == pruned].set_index(["boundary", "split"]).error  # ‖Δ‖² per gap
+    frame = errors[errors.method != pruned]
     sums = frame.groupby(["method", "split"], sort=False).error.sum()
     totals = frame.drop_duplicates(["method", "boundary", "split"]).join(
         delta.rename("delta"), on=["boundary", "split"]).groupby(["method", "split"], sort=False).delta.sum()

@@ -91,25 +91,28 @@ class RecoveryRun:
     sinks: pd.DataFrame = field(default_factory=pd.DataFrame)  # sink report per gap (robust methods)
     statistics: dict = field(default_factory=dict)  # pass ("calibration", "held-out") -> "computed" / "reused"
     warnings: list[str] = field(default_factory=list)  # ill-conditioned fits, one message per gap
+    spec: dict | None = None  # the experiment spec (to_dict()) of this fit when a session drew its windows;
+    # every save writes it, so `run --recipe` reruns it (None: windows given by hand, no spec rebuilds them)
 
     def errors(self) -> pd.DataFrame:
-        """Boundary error per gap, method ("pruned" = no recovery) and split (fit / heldout)."""
+        """Boundary error per gap, method (its label: "pruned" = no recovery) and split (fit / heldout)."""
         rows = []
         for name, r in self.results.items():
-            label = "pruned" if name == "none" else name
+            label = registry.label_of(name)
             for split, stats in (("fit", r.stats), ("heldout", r.heldout or {})):
                 rows += [diagnostics.error_rows(label, g, r.fits.get(g), s, split) for g, s in stats.items()]
         return pd.DataFrame(rows)
 
     def spectra(self) -> pd.DataFrame:
-        """Singular values of Δ ("pruned") and of each method's residual, per gap (fit tokens)."""
-        frames = []
+        """Singular values of Δ (the baseline's label, "pruned") and of each recovery's residual, per gap
+        (fit tokens)."""
+        frames, pruned = [], registry.label_of(registry.BASELINE_METHOD)
         for name, r in self.results.items():
             for g, s in r.stats.items():
-                frames.append(diagnostics.spectrum_frame(name, g, r.fits.get(g), s))
-                frames.append(diagnostics.spectrum_frame("pruned", g, None, s))
+                if registry.role_of(name) == registry.RECOVERY:
+                    frames.append(diagnostics.spectrum_frame(name, g, r.fits.get(g), s))
+                frames.append(diagnostics.spectrum_frame(pruned, g, None, s))
         frame = _concat(frames)
-        frame = frame[frame.method != "none"] if len(frame) else frame
         return frame.drop_duplicates(["boundary", "method", "index"]).reset_index(drop=True)
 
     def asymmetry(self) -> pd.DataFrame:

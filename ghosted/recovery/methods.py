@@ -72,6 +72,7 @@ class Method:
     reservoir: bool = False  # needs a reservoir of captured MLP outputs (not only second moments)
     conditioning: bool = False  # its ghost solve warns when ill-conditioned (too few tokens for d)
     role: str = RECOVERY  # REFERENCE (the unpruned model), BASELINE (plain pruning) or RECOVERY
+    closed_form: bool = True  # fitted in closed form from statistics; False: by gradient steps (trained)
     label: str = ""  # the name shown to users in tables and charts ("" : the name itself)
 
     @property
@@ -142,7 +143,7 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
     Method("replaceme-cos", "ReplaceMe's cosine objective (needs millions of tokens; near no recovery on few)",
            "ReplaceMe's cosine objective, Adam from the identity, on a bounded token reservoir",
            REPLACEME, BRANCH, "per block", "a reservoir of MLP outputs and targets", "no",
-           fit="ghosted.recovery.fitting:fit_replaceme_cos", reservoir=True),
+           fit="ghosted.recovery.fitting:fit_replaceme_cos", reservoir=True, closed_form=False),
     Method("prunecomp", "Prune&Comp: a magnitude scale fused into the weights before the cut (a plain checkpoint)",
            "Prune&Comp: one magnitude scale per contiguous block, measured on the model already compensated "
            "upstream (channel mean of mean\\|stream entering e\\| / mean\\|stream entering s\\| per window) fused "
@@ -156,14 +157,17 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            "block (AdamW, warm-up + cosine, seeded, on at most 32k captured calibration tokens), saved as a module "
            "with its weights",
            STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given",
-           fit="ghosted.recovery.frontier:fit_streamline_ffn", scope="run"),
+           fit="ghosted.recovery.frontier:fit_streamline_ffn", scope="run", closed_form=False),
     Method("streamline-layer", "LLM-Streamline: a copy of the first removed layer trained with MSE",
            "LLM-Streamline's *trained* replacement: a copy of the first removed layer, trained like "
            "`streamline-ffn`, saved as a plain checkpoint with one more layer",
            STREAMLINE, TRAINED, "per block", "captured stream pairs (≤ 32k tokens)", "used if given",
-           fit="ghosted.recovery.frontier:fit_streamline_layer", scope="run"),
+           fit="ghosted.recovery.frontier:fit_streamline_layer", scope="run", closed_form=False),
 ]}
 DEFAULT = "ghost-auto"  # the default recovery of run, export, ghosted.fit and the app
+REFERENCE_METHOD = next(n for n, m in REGISTRY.items() if m.role == REFERENCE)  # "dense": the unpruned model
+BASELINE_METHOD = next(n for n, m in REGISTRY.items() if m.role == BASELINE)  # "none": plain pruning
+TRAINED_METHODS = tuple(n for n, m in REGISTRY.items() if not m.closed_form)  # fitted by gradient steps
 FITTED = tuple(name for name, m in REGISTRY.items() if m.fit)  # what recover() fits: ghosted.recovery.fitting.METHODS
 # MethodResult.kind of each kind of method
 RESULT_KINDS = {STREAM: "stream", BRANCH: "branch", WEIGHTS: "folded", TRAINED: "trained", NONE: "none"}

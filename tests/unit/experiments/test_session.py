@@ -84,3 +84,37 @@ def test_one_model_is_scored_by_the_plain_pass(monkeypatch):
     monkeypatch.setattr(engine, "perplexities", shared)
     table = Session(small_spec(), tiny_loaded(6)).evaluate()
     assert [r.method for r in table.rows] == ["dense"] and table.rows[0].ppl > 1
+
+
+def test_every_save_of_a_session_fit_writes_its_spec(tmp_path):
+    import ghosted
+    from ghosted.experiments.spec import load_spec
+    import torch
+
+    from ghosted.data.windows import TokenWindows
+    from tests.tiny import random_ids, tiny_model
+
+    run = ghosted.fit(tiny_loaded(6), "2-3", methods=["ghost"], calib_seqs=4, seq_len=32, heldout_seqs=2)
+    ghosted.save(run.results["ghost"].model, tmp_path / "drawn", recipe=run)
+    spec = load_spec(tmp_path / "drawn")
+    assert spec.layers.drop == "2-3" and spec.methods == ["ghost"] and spec.calibration.count == 4
+    ids = random_ids(4, 16)  # (4, 16)
+    by_hand = ghosted.fit(tiny_model("llama"), "2-3", TokenWindows(ids, torch.ones_like(ids), {}), ["ghost"])
+    # no spec draws windows given by hand
+    assert by_hand.spec is None
+    ghosted.save(by_hand.results["ghost"].model, tmp_path / "by-hand", recipe=by_hand)
+    with pytest.raises(ValueError, match="no experiment spec"):
+        load_spec(tmp_path / "by-hand")
+
+
+def test_nothing_in_the_library_filters_methods_by_name():
+    """Roles and labels come from the registry: no comparison with the strings "dense" or "none"."""
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(r"""(==|!=|\bin\b)\s*\(?\s*["'](dense|none|pruned)["']|["'](dense|none)["']\s*(==|!=)""")
+    root = Path(__file__).resolve().parents[3] / "ghosted"
+    candidates = root / "recovery" / "auto.py"  # its "none" is a candidate of a gap (no operator), not a method
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p != candidates
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert found == []
