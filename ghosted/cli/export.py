@@ -46,14 +46,14 @@ def handle(args) -> int:
     from ghosted.experiments.session import Session
     from ghosted.experiments.validate import check_export, check_export_model, facts_of_model, plan_export
 
-    check_output_folder(args.out, args.overwrite, args.model)  # before loading: a typo costs nothing
-    check_export(args)  # every setting, before the model is loaded
+    spec = spec_from_args(args).with_options(methods=[args.method])  # the experiment: every check reads it
+    check_output_folder(args.out, args.overwrite, spec.model.source)  # before loading: a typo costs nothing
+    check_export(spec)  # every setting, before the model is loaded
     if args.dry_run:
-        print(plan_export(args, facts_from_args(args)))
+        print(plan_export(spec, facts_from_args(spec), args.out))
         return 0
-    spec = spec_from_args(args).with_options(methods=[args.method])
     lm = load_from_args(spec, args.offload_folder)
-    drop = check_export_model(args, facts_of_model(lm.model))  # fail before calibrating, not after
+    drop = check_export_model(spec, facts_of_model(lm.model))  # fail before calibrating, not after
     with progress_from_args(args) as progress:
         fitted = Session(spec, lm, progress).fit(drop)
     out = save_recovered(fitted.models[args.method], args.out, lm, recipe=fitted.recovery,

@@ -330,20 +330,23 @@ def check_grid_model(cfg, facts: ModelFacts) -> None:
     check_positions(facts.max_positions, seq_len=cfg.seq_len, eval_seq_len=eval_window(cfg))
 
 
-def check_export(args) -> None:
-    """Config-only checks of ``export``: calibration, eps, the drop spec, ghost-auto's held-out windows.
-    The output folder is checked by ``ghosted.operators.checkpoint.check_target_folder`` (called first by the CLI)."""
-    check_calibration(args)
-    check_eps(args.eps)
-    if not check_drop_syntax(args.drop):
+def check_export(spec) -> None:
+    """Config-only checks of ``export``'s ``ExperimentSpec`` (one method): calibration, eps, the drop spec,
+    ghost-auto's held-out windows. The output folder is checked by
+    ``ghosted.operators.checkpoint.check_target_folder`` (called first by the CLI)."""
+    cfg = flat_settings(spec)
+    check_calibration(cfg)
+    check_eps(cfg.eps)
+    if not check_drop_syntax(cfg.drop):
         raise ValueError("Give layers to drop (--drop), e.g. 20-26.")
-    check_heldout([args.method], args.heldout_seqs)
+    check_heldout(check_methods(cfg.methods), cfg.heldout_seqs)
 
 
-def check_export_model(args, facts: ModelFacts) -> list[int]:
-    """Model checks of ``export``: the drop spec within the layers, the windows within positions."""
-    drop = check_drop(args.drop, facts.layers) if facts.layers else check_drop_syntax(args.drop)
-    check_positions(facts.max_positions, seq_len=args.seq_len)
+def check_export_model(spec, facts: ModelFacts) -> list[int]:
+    """Model checks of ``export``'s spec: the drop spec within the layers, the windows within positions."""
+    cfg = flat_settings(spec)
+    drop = check_drop(cfg.drop, facts.layers) if facts.layers else check_drop_syntax(cfg.drop)
+    check_positions(facts.max_positions, seq_len=cfg.seq_len)
     return drop
 
 
@@ -444,15 +447,16 @@ def plan_grid(cfg, facts: ModelFacts) -> str:
     return "\n".join(["dry run: nothing is loaded or computed", *lines])
 
 
-def plan_export(args, facts: ModelFacts) -> str:
-    """What ``export`` would do (``--dry-run``)."""
+def plan_export(spec, facts: ModelFacts, out: str) -> str:
+    """What ``export`` would do with ``spec`` (one method) into folder ``out`` (``--dry-run``)."""
     from ghosted.models.pruning import format_layers
 
-    drop = check_export_model(args, facts)
-    lines = [_facts_line(args.model, facts), f"layers to drop: {format_layers(drop)}", _calibration_line(args),
-             f"method: {args.method} ({args.ghost_mode}, granularity {args.granularity}, eps {args.eps})",
-             f"output folder: {args.out}",
-             f"estimated forward passes: about {_batches(args.calib_seqs + args.heldout_seqs, args.batch_size)} "
+    drop = check_export_model(spec, facts)
+    cfg = flat_settings(spec)
+    lines = [_facts_line(cfg.model, facts), f"layers to drop: {format_layers(drop)}", _calibration_line(cfg),
+             f"method: {', '.join(cfg.methods)} ({cfg.ghost_mode}, granularity {cfg.granularity}, eps {cfg.eps})",
+             f"output folder: {out}",
+             f"estimated forward passes: about {_batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)} "
              "batches (one calibration pass)"]
     return "\n".join(["dry run: nothing is loaded, computed or written", *lines])
 
