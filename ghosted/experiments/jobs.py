@@ -1,0 +1,280 @@
+"""One queue for the heavy work of every session: a set number of workers, no fight over the cores.
+
+On a small shared server (a 2-vCPU demo, a classroom machine) eight influence passes started at once in
+one process each get a quarter of a core and all finish late. Here every heavy job (an influence report,
+a calibration and fit, an evaluation) goes through one ``JobQueue``:
+
+  * a set number of worker threads (by default what the cores allow, ``default_workers``), each job
+    running with ``threads_per_job`` torch threads, so the jobs that run get whole cores;
+  * a job is named by its request key (``ghosted.experiments.store.request_key``): a request identical
+    to one already queued or running joins it instead of starting again (in-flight de-duplication), and
+    one whose result is in the ``ResultStore`` is answered at once;
+  * every waiting owner (a browser session) sees its place in the queue and an estimate of the wait,
+    from the measured durations of past jobs of the same kind; an owner can cancel, and an owner that
+    is gone (``alive(owner)`` false) gives its place up: a job no one waits for any more is dropped
+    (queued) or stopped at its next progress call (running);
+  * a job reports progress through the library's protocol (``ghosted.core.progress``); the queue keeps
+    the last call for display and raises ``JobCancelled`` there when the job is cancelled.
+
+The caller never blocks on someone else's job: ``submit`` returns at once, ``status`` is a snapshot to
+poll (the app polls it from a fragment), ``wait`` is for scripts and tests.
+
+Example:
+    >>> queue = JobQueue(store, workers=1)
+    >>> queue.submit(key, "influence", lambda progress: influence(model, windows, progress=progress), "me")
+    >>> queue.status(key, "me").position      # 0 = running now, 1 = next, ...
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ghosted.experiments.store import ResultStore
+
+HISTORY = 20  # durations kept per kind of job for the wait estimate
+ENDED_KEPT = 256  # failed or cancelled jobs remembered, so their owners can read why
+ALIVE_CHECK_S = 2.0  # how often a running job asks whether anyone still waits for it
+
+
+class JobCancelled(Exception):
+    """Raised inside a job's progress call when every owner cancelled it or left."""
+
+
+def default_workers(cores: int | None = None, threads_per_job: int = 2) -> int:
+    """Workers the cores allow: one per ``threads_per_job`` cores (``$GHOSTED_JOB_WORKERS`` overrides)."""
+    env = os.environ.get("GHOSTED_JOB_WORKERS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"GHOSTED_JOB_WORKERS must be a whole number of at least 1, got {env!r}.")
+        return int(env)
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, threads_per_job))
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What one owner sees of a job: where it is, how long it may take, what it is doing, how it ended."""
+
+    key: str
+    kind: str
+    state: str  # "queued", "running", "done", "failed" or "cancelled"
+    position: int = 0  # jobs ahead in the queue (0 when running or finished)
+    wait_s: float | None = None  # estimated seconds until it is done; None before any job of its kind ended
+    stage: str = ""  # the last progress stage
+    done: int = 0  # steps of ``stage`` done
+    total: int = 0  # steps of ``stage`` in all (0: a message, or nothing reported yet)
+    elapsed_s: float = 0.0  # seconds it has been running
+    shared_with: int = 0  # other owners waiting for the same job
+    result: object = None  # the result, once done (read-only: it is shared)
+    error: BaseException | None = None  # why it failed
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "failed", "cancelled")
+
+
+@dataclass
+class _Job:
+    key: str
+    kind: str
+    work: Callable  # work(progress) -> result
+    owners: set = field(default_factory=set)
+    state: str = "queued"
+    progress: tuple = ("", 0, 0)  # the last (stage, done, total)
+    started: float | None = None
+    error: BaseException | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+    alive_checked: float = 0.0
+
+
+class JobQueue:
+    """Heavy jobs of every session through a fixed pool of worker threads, results into ``store``."""
+
+    def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int = 2,
+                 alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic):
+        self.store = store if store is not None else ResultStore()
+        self.threads_per_job = max(1, threads_per_job)  # torch threads each job runs with
+        self.workers = workers or default_workers(threads_per_job=self.threads_per_job)
+        self.alive = alive  # owner -> still there? None: every owner stays until it cancels or leaves
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._jobs: dict[str, _Job] = {}  # queued and running
+        self._waiting: deque[str] = deque()  # queued keys, first in first out
+        self._ended: OrderedDict[str, _Job] = OrderedDict()  # failed or cancelled, newest last
+        self._durations: dict[str, deque] = {}  # kind -> seconds of its last jobs
+        self._threads: list[threading.Thread] = []
+
+    # --- what a session calls -----------------------------------------------------------------------
+
+    def submit(self, key: str, kind: str, work: Callable, owner: str) -> JobStatus:
+        """Queue ``work(progress)`` under ``key`` for ``owner``; joins an identical job, or answers from
+        the store. Returns at once."""
+        if (result := self.store.get(key)) is not None:
+            return JobStatus(key, kind, "done", result=result)
+        with self._cond:
+            job = self._jobs.get(key)
+            if job is None:
+                self._ended.pop(key, None)
+                job = self._jobs[key] = _Job(key, kind, work)
+                self._waiting.append(key)
+                self._start_workers()
+                self._cond.notify()
+            job.cancelled.clear()  # someone waits for it again (a job already stopping still ends cancelled)
+            job.owners.add(owner)
+            return self._status(job, owner)
+
+    def status(self, key: str, owner: str | None = None) -> JobStatus | None:
+        """A snapshot of ``key``'s job (None when the queue and the store know nothing of it)."""
+        with self._cond:
+            job = self._jobs.get(key) or self._ended.get(key)
+            if job is not None:
+                return self._status(job, owner)
+        result = self.store.get(key)
+        return None if result is None else JobStatus(key, key.split("-")[0], "done", result=result)
+
+    def cancel(self, key: str, owner: str) -> None:
+        """``owner`` stops waiting for ``key``; the job is dropped when no one else waits for it."""
+        with self._cond:
+            job = self._jobs.get(key)
+            if job is not None:
+                job.owners.discard(owner)
+                if not job.owners:
+                    self._drop(job)
+
+    def leave(self, owner: str) -> None:
+        """``owner`` is gone (a closed browser tab): it gives up its place in every job."""
+        with self._cond:
+            for job in list(self._jobs.values()):
+                job.owners.discard(owner)
+                if not job.owners:
+                    self._drop(job)
+
+    def wait(self, key: str, timeout: float | None = None) -> JobStatus | None:
+        """Block until ``key``'s job ends (scripts and tests; a page polls ``status`` instead)."""
+        with self._cond:
+            job = self._jobs.get(key)
+        if job is not None:
+            job.ended.wait(timeout)
+        return self.status(key)
+
+    def expected_s(self, kind: str) -> float | None:
+        """The median duration of the last jobs of ``kind``, None before the first one ended."""
+        with self._cond:
+            past = self._durations.get(kind)
+            return statistics.median(past) if past else None
+
+    # --- inside ------------------------------------------------------------------------------------
+
+    def _status(self, job: _Job, owner: str | None) -> JobStatus:
+        position = list(self._waiting).index(job.key) + 1 if job.state == "queued" else 0
+        elapsed = self._clock() - job.started if job.started is not None else 0.0
+        stage, done, total = job.progress
+        others = len(job.owners - {owner}) if owner is not None else len(job.owners)
+        return JobStatus(job.key, job.kind, job.state, position, self._wait_estimate(job), stage, done, total,
+                         elapsed, others, None, job.error)
+
+    def _wait_estimate(self, job: _Job) -> float | None:
+        """Seconds until ``job`` is done: what the running jobs have left and the queued ones ahead
+        need, spread over the workers, plus its own expected duration."""
+        if job.state not in ("queued", "running"):
+            return 0.0
+        now, ahead = self._clock(), 0.0
+        expected = {kind: statistics.median(d) for kind, d in self._durations.items() if d}
+        if job.kind not in expected:
+            return None
+        if job.state == "running":
+            return max(expected[job.kind] - (now - job.started), 0.0)
+        for other in self._jobs.values():
+            if other.state == "running":
+                ahead += max(expected.get(other.kind, 0.0) - (now - other.started), 0.0)
+        for key in self._waiting:
+            if key == job.key:
+                break
+            ahead += expected.get(self._jobs[key].kind, 0.0)
+        return ahead / self.workers + expected[job.kind]
+
+    def _drop(self, job: _Job) -> None:
+        """No one waits for ``job``: off the queue, or told to stop at its next progress call."""
+        job.cancelled.set()
+        if job.state == "queued":
+            self._waiting.remove(job.key)
+            self._end(job, "cancelled", JobCancelled("no one waits for this job any more"))
+
+    def _end(self, job: _Job, state: str, error: BaseException | None = None) -> None:
+        job.state, job.error = state, error
+        self._jobs.pop(job.key, None)
+        if state != "done":
+            self._ended[job.key] = job
+            while len(self._ended) > ENDED_KEPT:
+                self._ended.popitem(last=False)
+        job.ended.set()
+        self._cond.notify_all()
+
+    def _start_workers(self) -> None:
+        while len(self._threads) < self.workers:
+            thread = threading.Thread(target=self._worker, name=f"ghosted-job-{len(self._threads)}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _worker(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads_per_job)  # this thread's share of the cores
+        while True:
+            job = self._next_job()
+            try:
+                result = job.work(self._progress_of(job))
+            except JobCancelled as err:
+                with self._cond:
+                    self._end(job, "cancelled", err)
+                continue
+            except BaseException as err:  # noqa: BLE001 - the owner shows it (a user error or a traceback)
+                with self._cond:
+                    self._end(job, "failed", err)
+                continue
+            seconds = self._clock() - job.started
+            self.store.put(job.key, result, job.kind)
+            with self._cond:
+                self._durations.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
+                self._end(job, "done")
+
+    def _next_job(self) -> _Job:
+        """The first queued job someone still waits for (the others are dropped on the way)."""
+        with self._cond:
+            while True:
+                while not self._waiting:
+                    self._cond.wait()
+                job = self._jobs[self._waiting.popleft()]
+                self._forget_gone(job)
+                if not job.owners:
+                    self._end(job, "cancelled", JobCancelled("everyone who asked for this job left"))
+                    continue
+                job.state, job.started = "running", self._clock()
+                return job
+
+    def _forget_gone(self, job: _Job) -> None:
+        if self.alive is not None:
+            job.owners = {owner for owner in job.owners if self.alive(owner)}
+
+    def _progress_of(self, job: _Job) -> Callable[[str, int, int], None]:
+        def progress(stage: str, done: int, total: int) -> None:
+            job.progress = (stage, done, total)
+            now = self._clock()
+            if self.alive is not None and now - job.alive_checked > ALIVE_CHECK_S:
+                with self._cond:
+                    job.alive_checked = now
+                    self._forget_gone(job)
+                    if not job.owners:
+                        job.cancelled.set()
+            if job.cancelled.is_set():
+                raise JobCancelled("the job was cancelled")
+
+        return progress

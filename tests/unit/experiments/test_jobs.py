@@ -1,0 +1,180 @@
+"""The job queue: a fixed pool of workers, de-duplication, places and estimates, cancellation, owners leaving.
+
+Jobs here are plain functions held at a gate (a ``threading.Event``), so every order is decided by the test,
+never by timing; the clock of the estimates is a fake one.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ghosted.experiments.jobs import JobCancelled, JobQueue, default_workers
+from ghosted.experiments.store import ResultStore
+
+WAIT = 30  # seconds a test waits for a worker before failing (never reached when the queue works)
+
+
+class Gate:
+    """A job that says it started, waits until opened, then returns ``value`` (or keeps reporting progress)."""
+
+    def __init__(self, value):
+        self.value, self.started, self.opened, self.calls = value, threading.Event(), threading.Event(), 0
+
+    def __call__(self, progress):
+        self.calls += 1
+        self.started.set()
+        while not self.opened.wait(0.01):
+            progress("working", 0, 1)  # where a cancelled job stops
+        progress("working", 1, 1)
+        return self.value
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_job_runs_and_its_result_goes_to_the_store():
+    queue = JobQueue(workers=1)
+    job = Gate("report")
+    first = queue.submit("k1", "influence", job, "alice")
+    assert first.state in ("queued", "running") and not first.finished
+    job.opened.set()
+    done = queue.wait("k1", WAIT)
+    assert done.state == "done" and done.result == "report"
+    assert queue.store.get("k1") == "report"
+    assert queue.submit("k1", "influence", Gate("again"), "bob").result == "report"  # answered from the store
+
+
+def test_identical_requests_share_one_job():
+    queue = JobQueue(workers=1)
+    job, twin = Gate("x"), Gate("y")
+    queue.submit("same", "fit", job, "alice")
+    second = queue.submit("same", "fit", twin, "bob")
+    assert second.shared_with == 1
+    job.opened.set()
+    assert queue.wait("same", WAIT).result == "x"
+    assert job.calls == 1 and twin.calls == 0
+
+
+def test_places_in_the_queue_and_the_wait_estimate_from_past_durations():
+    clock = FakeClock()
+    queue = JobQueue(workers=1, clock=clock)
+    first = Gate(1)
+    queue.submit("a", "fit", first, "s1")
+    assert first.started.wait(WAIT)
+    clock.now = 10.0
+    first.opened.set()
+    queue.wait("a", WAIT)
+    assert queue.expected_s("fit") == 10.0
+
+    running, queued = Gate(2), Gate(3)
+    queue.submit("b", "fit", running, "s1")
+    assert running.started.wait(WAIT)
+    clock.now = 14.0  # b has run 4 of its expected 10 seconds
+    behind = queue.submit("c", "fit", queued, "s2")
+    assert behind.state == "queued" and behind.position == 1
+    assert behind.wait_s == pytest.approx(6.0 + 10.0)
+    assert queue.status("b", "s1").position == 0 and queue.status("b", "s1").wait_s == pytest.approx(6.0)
+    assert queue.submit("d", "evaluate", Gate(4), "s3").wait_s is None  # no evaluation measured yet
+    running.opened.set()
+    queued.opened.set()
+    assert queue.wait("c", WAIT).state == "done"
+    queue.cancel("d", "s3")
+
+
+def test_cancel_drops_a_queued_job_and_stops_a_running_one():
+    queue = JobQueue(workers=1)
+    running, queued = Gate("r"), Gate("q")
+    queue.submit("run", "fit", running, "alice")
+    assert running.started.wait(WAIT)
+    queue.submit("wait", "fit", queued, "bob")
+    queue.cancel("wait", "bob")
+    assert queue.status("wait").state == "cancelled" and queued.calls == 0
+    queue.cancel("run", "alice")
+    ended = queue.wait("run", WAIT)
+    assert ended.state == "cancelled" and isinstance(ended.error, JobCancelled)
+    assert queue.store.get("run") is None
+
+
+def test_a_shared_job_goes_on_while_one_owner_still_waits():
+    queue = JobQueue(workers=1)
+    job = Gate("kept")
+    queue.submit("k", "fit", job, "alice")
+    queue.submit("k", "fit", job, "bob")
+    queue.cancel("k", "alice")
+    job.opened.set()
+    assert queue.wait("k", WAIT).result == "kept"
+
+
+def test_an_owner_that_leaves_gives_up_its_place():
+    gone = set()
+    queue = JobQueue(workers=1, alive=lambda owner: owner not in gone)
+    blocker, abandoned, kept = Gate("b"), Gate("a"), Gate("k")
+    queue.submit("b", "fit", blocker, "alice")
+    assert blocker.started.wait(WAIT)
+    queue.submit("a", "fit", abandoned, "bob")
+    queue.submit("k", "fit", kept, "carol")
+    assert queue.status("k", "carol").position == 2
+    queue.leave("bob")
+    assert queue.status("k", "carol").position == 1
+    queue.submit("a2", "fit", Gate("x"), "dave")
+    gone.add("dave")  # closed the tab without a word: dropped when its turn comes
+    blocker.opened.set()
+    kept.opened.set()
+    assert queue.wait("k", WAIT).state == "done"
+    assert queue.wait("a2", WAIT).state == "cancelled"
+    assert abandoned.calls == 0
+
+
+def test_a_failure_is_kept_for_its_owner_and_a_new_submit_runs_again():
+    queue = JobQueue(workers=1)
+
+    def broken(progress):
+        raise ValueError("Choose at least one criterion.")
+
+    queue.submit("bad", "influence", broken, "alice")
+    failed = queue.wait("bad", WAIT)
+    assert failed.state == "failed" and str(failed.error) == "Choose at least one criterion."
+    fixed = Gate("ok")
+    fixed.opened.set()
+    queue.submit("bad", "influence", fixed, "alice")
+    assert queue.wait("bad", WAIT).result == "ok"
+
+
+def test_workers_run_jobs_side_by_side():
+    queue = JobQueue(workers=2, threads_per_job=1)
+    first, second = Gate(1), Gate(2)
+    queue.submit("one", "fit", first, "a")
+    queue.submit("two", "fit", second, "b")
+    assert first.started.wait(WAIT) and second.started.wait(WAIT)  # both running, neither finished
+    first.opened.set()
+    second.opened.set()
+    assert queue.wait("one", WAIT).state == queue.wait("two", WAIT).state == "done"
+
+
+def test_default_workers_from_cores_and_environment(monkeypatch):
+    monkeypatch.delenv("GHOSTED_JOB_WORKERS", raising=False)
+    assert default_workers(cores=2, threads_per_job=2) == 1
+    assert default_workers(cores=16, threads_per_job=2) == 8
+    assert default_workers(cores=1, threads_per_job=4) == 1
+    monkeypatch.setenv("GHOSTED_JOB_WORKERS", "3")
+    assert default_workers(cores=2) == 3
+    monkeypatch.setenv("GHOSTED_JOB_WORKERS", "many")
+    with pytest.raises(ValueError, match="GHOSTED_JOB_WORKERS"):
+        default_workers()
+
+
+def test_the_store_shared_by_the_queue_is_the_one_given():
+    store = ResultStore(max_entries=2)
+    queue = JobQueue(store, workers=1)
+    job = Gate("v")
+    job.opened.set()
+    queue.submit("k", "fit", job, "a")
+    queue.wait("k", WAIT)
+    assert store.get("k") == "v"
