@@ -9,9 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ghosted.recovery.diagnostics import removed_shares
-from ghosted.recovery.fitting import METHODS
-from ghosted.recovery.methods import BASELINE_METHOD, TRAINED_METHODS, label_of
+from ghosted.experiments.frontend import BASELINE_METHOD, METHODS, TRAINED_METHODS, label_of, removed_shares
 
 PRUNED = label_of(BASELINE_METHOD)  # "pruned": the plainly pruned model's label
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines

@@ -8,11 +8,11 @@ error in the job's status box.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import streamlit as st
 
-from ghosted.experiments.deploy import DeployConfig
-from ghosted.data.sources import TextSource
+from ghosted.experiments.frontend import DeployConfig, TextSource
 
 TEXT_KINDS = {"bundled:news": "Bundled news", "bundled:wiki": "Bundled Wikipedia",
               "upload": "Upload a file", "path": "Local file", "dataset": "Dataset"}
@@ -61,6 +61,8 @@ def resolve_text(cfg: DeployConfig, kind: str, upload, other: str):
     if not name:
         raise ValueError(f"Type a {'file path' if kind == 'path' else 'dataset name'} first.")
     cfg.check_text_source(name)
+    if kind == "path":  # read now: a bad file is refused before anything is queued, and its content names it
+        return TextSource.from_file(Path(name).expanduser())
     return name
 
 

@@ -9,46 +9,43 @@ so nothing here ever modifies it: pruned and recovered variants are new objects 
 from __future__ import annotations
 
 import gc
+import threading
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from urllib.parse import urlencode
 
 import streamlit as st
 import torch
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.models.architecture import describe, layer_param_count, num_layers
-from ghosted.models.assets import BUNDLED_MODEL
-from ghosted.core.progress import Progress
-from ghosted.experiments.deploy import DeployConfig, from_env
-from ghosted.operators.checkpoint import load_any
-from ghosted.models.loading import LoadedModel, ModelLoadError, source_kind
-from ghosted.models.pruning import format_layers
-from ghosted.data.sources import SourceUnavailableError
-
-if TYPE_CHECKING:
-    import pandas as pd
-
-    from ghosted.experiments.spec import ExperimentSpec
-    from ghosted.recovery.fitting import RecoveryRun
+from ghosted.experiments.frontend import (DeployConfig, JobQueue, JobStatus, LoadedModel, ModelLoadError, Progress,
+                                         SourceUnavailableError, describe, format_layers, from_env, layer_param_count,
+                                         links, load_any, num_layers, workbench as wb)
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
 SELECTION = "ghosted.selection"  # list[int]: the layers to drop
 REASON = "ghosted.selection_reason"  # str: why a preset chose the selection
-INFLUENCE = "ghosted.layer_influence"  # dict: model key, settings and the influence report
-RUN = "ghosted.run"  # StoredRun: the current calibration and what was measured on it
-BUSY = "ghosted.busy"  # name of the job now running, or None
+INFLUENCE = "ghosted.influence"  # InfluenceRequest: the influence report this session asked for
+RUN = "ghosted.run"  # FitRequest: the calibration and fit this session asked for
+EVALUATION = "ghosted.evaluation"  # EvalRequest: perplexity of the run's variants
+ZEROSHOT = "ghosted.zeroshot"  # ZeroShotRequest: zero-shot accuracy of the run's variants
+GENERATIONS = "ghosted.generations"  # GenerationRequest: the run's variants continuing prompts
+BUSY = "ghosted.busy"  # name of the job whose button was clicked and not yet queued, or None
 FRAMED = "ghosted.framed"  # set by app.py while it runs a page
 DEEP_LINK = "ghosted.deep_link"  # page asked for before app.py had ever run on this server
-RESULTS = (SELECTION, REASON, INFLUENCE, RUN)  # what a model switch invalidates
+OWNER = "ghosted.owner"  # this session's token in the job queue (``owner``)
+LINK_READ = "ghosted.link_read"  # True once this session's URL query parameters were read
+RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVALUATION, ZEROSHOT, GENERATIONS)  # what a model switch drops
+MEASURED = {EVALUATION: "evaluation", ZEROSHOT: "zeroshot", GENERATIONS: "generations"}  # on a fitted run
+POLL_S = 1.0  # how often a waiting page asks the queue for news
 
 # What a user can cause (a wrong value or kind of value, a missing or unreadable file, a model or text that
 # cannot be loaded): shown with st.error and its message, never as a traceback (st.exception).
 USER_ERRORS = (ValueError, TypeError, OSError, ModelLoadError, SourceUnavailableError)
-DEFAULT_SPEC = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "device_map": None,
-                "trust_remote_code": False}
+DEFAULT_SPEC = wb.DEFAULT_MODEL
 
 
 def init_state() -> None:
@@ -76,14 +73,48 @@ def open_deep_link() -> None:
         st.switch_page(target)
 
 
+def open_link() -> None:
+    """Once per browser session, in app.py: restore the experiment the URL's query parameters name
+    (``ghosted.experiments.links``) and ask for its run and evaluation (shown at once when computed)."""
+    if st.session_state.get(LINK_READ):
+        return
+    st.session_state[LINK_READ] = True
+    params = st.query_params.to_dict()
+    if "layers" not in params:
+        return
+    try:
+        spec = {**DEFAULT_SPEC, "source": str(params.get("model", DEFAULT_SPEC["source"]))}
+        lm = load(spec)
+        switch_model(spec)
+        link = links.from_query(params, current_key(), num_layers(lm.model), deployment())
+    except USER_ERRORS as err:
+        st.error(f"This link could not be opened. {err}", icon=":material/link_off:")
+        return
+    set_selection(link.fit.layers)
+    st.session_state[REASON] = "from the link you opened"
+    ask(RUN, link.fit)
+    if link.evaluation is not None:
+        ask(EVALUATION, link.evaluation)
+
+
+def experiment_link() -> str | None:
+    """The URL that reopens this session's run and evaluation (None for a run on an uploaded text)."""
+    fit = request_of(RUN)
+    if fit is None:
+        return None
+    query = links.to_query(st.session_state[MODEL]["source"], fit, request_of(EVALUATION))
+    if query is None:
+        return None
+    base = (st.context.url or "").split("?")[0]
+    return f"{base}?{urlencode(query)}"
+
+
 def deployment() -> DeployConfig:
     """The deployment preset named by the environment (GHOSTED_DEMO=1 or GHOSTED_DEPLOY=...)."""
     return from_env()
 
 
-def model_key(spec: dict) -> str:
-    """A string naming everything that changes the loaded model; tags results with their model."""
-    return "|".join(str(spec.get(k)) for k in DEFAULT_SPEC)
+model_key = wb.model_key  # a string naming everything that changes the loaded model
 
 
 def _release(loaded: LoadedModel) -> None:
@@ -104,14 +135,7 @@ def load_cached(source: str, dtype: str, device: str, device_map: str | None,
 
 def check_spec(spec: dict, cfg: DeployConfig) -> None:
     """Refuse a model the deployment forbids, before anything is loaded."""
-    source = spec["source"]
-    try:
-        kind = source_kind(source)
-    except ModelLoadError:  # a missing path: say "no local paths here" first where that applies
-        if cfg.allow_local_paths:
-            raise
-        kind = "folder"
-    cfg.check_model(source, kind, spec["trust_remote_code"])
+    cfg.check_source(spec["source"], spec["trust_remote_code"])
 
 
 def load(spec: dict) -> LoadedModel:
@@ -150,50 +174,184 @@ def switch_model(spec: dict) -> None:
     st.session_state[MODEL] = spec
 
 
-def stored(key: str) -> dict | None:
-    """A stored result, if it belongs to the current model."""
-    value = st.session_state.get(key)
-    return value if value and value.get("model") == current_key() else None
+def backend_settings() -> DeployConfig:
+    """The deployment, with its statistics cache bound applied to this process (an explicit
+    ``$GHOSTED_STATS_CACHE_GB`` wins)."""
+    cfg = deployment()
+    wb.bound_stats_cache(cfg)
+    return cfg
 
 
-@dataclass
-class StoredRun:
-    """One calibration of this session: the fitted run, how it was made, and what was measured on it since.
-
-    The Calibrate & recover page stores it (``store_run``); every other page reads it through ``require_run``
-    or ``current_run``. Results measured later hang on the run itself, so a new run replaces them all at
-    once and an evaluation can never be shown next to another run than its own.
-    """
-
-    model: str  # key of the model it was fitted on (``model_key``)
-    run: RecoveryRun  # the operators and the recovered models, from ``ghosted.recovery.fitting``
-    config: ExperimentSpec  # the settings, as ``python -m ghosted run`` takes them (``run --recipe``)
-    layers: list[int]  # the dropped layers
-    methods: list[str]  # "none" (plain pruning) first, then every fitted method
-    frames: dict[str, pd.DataFrame]  # the run's tidy frames for display (errors, spectra, sinks, ...)
-    protocol: dict  # the calibration windows (source, part, count, length, seed)
-    heldout_protocol: dict | None  # the held-out windows; None when none were held out
-    seconds: float  # wall time of the calibration and every fit
-    evaluation: dict | None = None  # Compare page: perplexity, size and latency table, and its protocol
-    zeroshot: dict | None = None  # Compare page: zero-shot accuracy frame, protocols, skipped tasks, notes
-    generations: dict | None = None  # Compare page: prompts and each variant's continuations
+def backend() -> JobQueue:
+    """The one job queue and result store of this server, shared by every browser session (created on
+    first use; a module global rather than ``st.cache_resource``, so that clearing Streamlit's caches
+    never drops jobs that are running)."""
+    global _BACKEND
+    with _BACKEND_LOCK:
+        if _BACKEND is None:
+            cfg = backend_settings()
+            store = wb.shared_store(max_entries=cfg.shared_results, idle_s=cfg.idle_release_s)
+            _BACKEND = JobQueue(store, alive=session_alive)
+        return _BACKEND
 
 
-def store_run(stored_run: StoredRun) -> None:
-    """Make ``stored_run`` this session's run (what an earlier run measured goes with it)."""
-    st.session_state[RUN] = stored_run
+_BACKEND: JobQueue | None = None
+_BACKEND_LOCK = threading.Lock()
 
 
-def current_run() -> StoredRun | None:
-    """This session's run, if it was fitted on the current model."""
-    stored_run = st.session_state.get(RUN)
-    return stored_run if stored_run is not None and stored_run.model == current_key() else None
+def owner() -> str:
+    """Who waits for a job: "<server session id>/<a token of this session's state>" (the token tells
+    apart sessions that share an id, as AppTest's do)."""
+    ctx = get_script_run_ctx()
+    token = st.session_state.setdefault(OWNER, uuid.uuid4().hex[:12])
+    return f"{ctx.session_id if ctx is not None else 'script'}/{token}"
 
 
-def require_run(needed_for: str) -> StoredRun:
+def session_alive(owner_id: str) -> bool:
+    """False once the browser session has gone (a closed tab); True where no server runs (tests)."""
+    from streamlit.runtime import Runtime
+
+    return not Runtime.exists() or Runtime.instance().is_active_session(owner_id.rsplit("/", 1)[0])
+
+
+def request_of(name: str):
+    """This session's request under ``name``, if it belongs to the current model."""
+    request = st.session_state.get(name)
+    if name in MEASURED and request is not None and request.fit != st.session_state.get(RUN):
+        return None  # measured on an earlier run
+    model = getattr(getattr(request, "fit", request), "model", None)
+    return request if request is not None and model == current_key() else None
+
+
+def result(name: str):
+    """The shared result of this session's request under ``name`` (read-only), or None."""
+    request = request_of(name)
+    return None if request is None else backend().store.get(request.key())
+
+
+def work_of(request, lm: LoadedModel) -> Callable[[Progress], object]:
+    """The job computing ``request``: a measurement also fits its run again if the store released it."""
+    if isinstance(request, (wb.InfluenceRequest, wb.FitRequest)):
+        return lambda progress: request.compute(lm, progress)
+    fitted = backend().store.get(request.fit.key())
+    if fitted is None:
+        return lambda progress: request.compute(lm, request.fit.compute(lm, progress), progress)
+    return lambda progress: request.compute(lm, fitted, progress)
+
+
+def ask(name: str, request) -> None:
+    """Make ``request`` this session's under ``name`` and queue it (joined with an identical one, or
+    answered from the store at once)."""
+    st.session_state[name] = request
+    backend().submit(request.key(), request.kind, work_of(request, load(st.session_state[MODEL])), owner())
+
+
+def start_job(name: str) -> None:
+    """Form callback: remember the click, so that a rerun cannot lose it before the job is queued."""
+    st.session_state[BUSY] = name
+
+
+def clicked(name: str) -> bool:
+    """True when ``name``'s button was clicked and its request is still to be queued."""
+    return st.session_state.get(BUSY) == name
+
+
+def queue_clicked(name: str, key: str, build: Callable[[], object]) -> None:
+    """After a form: if its button was clicked, build its request (checked) and queue it; a user
+    mistake is shown as an error. The click is forgotten only once handled."""
+    if not clicked(name):
+        return
+    try:
+        ask(key, build())
+    except USER_ERRORS as err:
+        st.error(str(err), icon=":material/error:")
+    st.session_state[BUSY] = None
+
+
+def busy(key: str | None = None) -> bool:
+    """True while a click waits to be queued, or (with ``key``) while that request's job waits or runs."""
+    if st.session_state.get(BUSY):
+        return True
+    request = request_of(key) if key else None
+    if request is None:
+        return False
+    status = backend().status(request.key(), owner())
+    return status is not None and not status.finished
+
+
+def answer(name: str, label: str):
+    """The result of this session's request under ``name``; while its job waits or runs, a panel that
+    polls the queue (place, estimated wait, progress, cancel) and None. A result the store released is
+    computed again; a failed job shows why and is forgotten."""
+    request = request_of(name)
+    if request is None:
+        return None
+    queue = backend()
+    status = queue.status(request.key(), owner())
+    if status is None:  # released while this session was away, or never queued: ask again
+        ask(name, request)
+        status = queue.status(request.key(), owner())
+    if status is None or status.state == "done":
+        return status.result if status is not None and status.result is not None else result(name)
+    if status.finished:
+        st.session_state.pop(name, None)
+        if status.state == "cancelled":
+            st.info(f"{label}: cancelled.", icon=":material/cancel:")
+        elif isinstance(status.error, USER_ERRORS):
+            st.error(f"{label}: stopped. {status.error}", icon=":material/error:")
+        else:
+            raise status.error
+        return None
+    job_panel(request.key(), label)
+    return None
+
+
+def wait_text(status: JobStatus) -> str:
+    """E.g. "place 3 in the queue, about 40 s" or "running: calibration 4/8, about 12 s left"."""
+    about = "" if status.wait_s is None else f", about {status.wait_s:.0f} s"
+    others = status.shared_with
+    shared = f" (shared with {others} other session{'s' if others > 1 else ''})" if others else ""
+    if status.state == "queued":
+        return f"waiting: place {status.position} in the queue{about}{shared}"
+    stage = (f": {status.stage}" + (f" {status.done}/{status.total}" if status.total else "")) if status.stage else ""
+    left = "" if status.wait_s is None else f", about {status.wait_s:.0f} s left"
+    return f"running{stage}{left}{shared}"
+
+
+@st.fragment(run_every=POLL_S)
+def job_panel(key: str, label: str) -> None:
+    """What this session's job is doing, refreshed every ``POLL_S`` seconds without blocking the page;
+    the whole page reruns once the job has ended."""
+    queue = backend()
+    status = queue.status(key, owner())
+    if status is None or status.finished:
+        st.rerun()
+    with st.container(border=True):
+        share = status.done / status.total if status.total else 0.0
+        st.progress(min(max(share, 0.0), 1.0), text=f"**{label}**: {wait_text(status)}")
+        st.button("Cancel", key=f"cancel_{key}", on_click=queue.cancel, args=(key, owner()),
+                  icon=":material/cancel:")
+
+
+def current_run() -> wb.FittedRun | None:
+    """This session's fitted run (shared, read-only) with this session's measurements on it."""
+    fitted = result(RUN)
+    if fitted is None:
+        return None
+    fit_key = st.session_state[RUN].key()
+    measured = {field: value for name, field in MEASURED.items()
+                if (request := request_of(name)) is not None and request.fit.key() == fit_key
+                and (value := backend().store.get(request.key())) is not None}
+    return fitted.with_results(**measured)
+
+
+def require_run(needed_for: str) -> wb.FittedRun:
     """This session's run; without one, say what it is needed for, link the page that makes it, stop."""
     stored_run = current_run()
     if stored_run is None:
+        if request_of(RUN) is not None:
+            answer(RUN, "Calibrating and fitting")
+            st.stop()
         st.info(f"{needed_for}: calibrate and fit the recovery methods first (a small run takes seconds).",
                 icon=":material/healing:")
         st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
@@ -208,52 +366,6 @@ def user_errors(prefix: str = ""):
         yield
     except USER_ERRORS as err:
         st.error(f"{prefix}{err}", icon=":material/error:")
-
-
-def start_job(name: str) -> None:
-    """Form callback: mark a job as running, so its button renders disabled until it ends."""
-    st.session_state[BUSY] = name
-
-
-def busy() -> bool:
-    """True while one of this session's jobs runs (its buttons are disabled)."""
-    return bool(st.session_state.get(BUSY))
-
-
-def run_job(name: str, label: str, work: Callable[[Progress], object]) -> object | None:
-    """Run ``work(progress)`` inside ``st.status`` with a progress bar; None on a user error.
-
-    The busy flag is cleared however the job ends, also when a rerun (a click elsewhere, a page
-    switch) interrupts it, so the button never stays disabled.
-    """
-    if st.session_state.get(BUSY) != name:
-        return None
-    try:
-        with st.status(label, expanded=True) as status:
-            try:
-                result = work(StreamlitProgress())
-            except USER_ERRORS as err:
-                status.update(label=f"{label}: stopped", state="error")
-                st.error(str(err), icon=":material/error:")
-                return None
-            status.update(label=f"{label}: done", state="complete", expanded=False)
-            return result
-    finally:
-        st.session_state[BUSY] = None
-
-
-class StreamlitProgress:
-    """``ghosted.core.progress.Progress`` in the app: one ``st.progress`` bar that each stage refills,
-    with ``stage: done/total`` as its text; a message (``total == 0``) is a caption line under it."""
-
-    def __init__(self):
-        self.bar = st.progress(0.0, text="starting")
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if total <= 0:
-            st.caption(stage)
-            return
-        self.bar.progress(min(done / total, 1.0), text=f"{stage}: {done}/{total}")
 
 
 def selection() -> list[int]:
@@ -309,8 +421,4 @@ def sidebar() -> None:
             st.caption(f"Recovered: {', '.join(label(m) for m in run.methods)}")
 
 
-def label(method: str) -> str:
-    """Display name of a method, from the registry: 'none' is the plainly pruned model ('pruned')."""
-    from ghosted.recovery.methods import label_of
-
-    return label_of(method)
+label = wb.label  # display name of a method: 'none' is the plainly pruned model

@@ -1,74 +1,41 @@
 """Compare page: perplexity, boundary errors, spectra, generations, size and speed of each variant."""
 
-import pandas as pd
 import streamlit as st
 
-from ghosted.models.architecture import describe
-from ghosted.evaluation.perplexity import forward_latency, perplexity
-from ghosted.evaluation.generation import GenerationConfig, generate
-from ghosted.data.windows import evaluation_windows
-from ghosted.evaluation.zeroshot import evaluate_tasks, parse_tasks
+from ghosted.experiments.frontend import parse_tasks, workbench as wb
 from pages import _assets, _charts, _text, _ui
 
-LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
+LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant
+DEFAULTS = wb.EvalRequest()  # the page's defaults: what the precompute script stores
 BUNDLED_TASK = "bundled-lastword"  # the offline task (ghosted.evaluation.lastword)
 DEMO_MAX_EXAMPLES = 100  # examples per task in a restricted (public demo) deployment
 
 
-def variants(lm, stored: _ui.StoredRun) -> dict:
-    """Dense model first, then the pruned one, then each recovered model (new objects)."""
-    run = stored.run
-    return {"dense": lm.model, **{_ui.label(m): r.model for m, r in run.results.items()}}
-
-
-def eval_form(cfg) -> dict:
-    """Evaluation text and size; the job runs on the rerun after submit."""
+def eval_form(cfg, fit: wb.FitRequest) -> None:
+    """Evaluation text and size; a click queues the evaluation of ``fit``'s variants."""
     kind = _text.text_kind(cfg, "bundled:wiki", "eval", "Evaluation text (a part never used for calibration)")
     with st.form("eval_form"):
         text = _text.text_inputs(cfg, kind, "eval")
         left, right = st.columns(2)
-        tokens = left.number_input("Tokens to score", 64, 10_000_000, 4096, step=1024, key="eval_tokens")
-        window = right.number_input("Window (tokens)", 16, 32768, 512, step=128, key="eval_window")
+        tokens = left.number_input("Tokens to score", 64, 10_000_000, DEFAULTS.tokens, step=1024, key="eval_tokens")
+        window = right.number_input("Window (tokens)", 16, 32768, DEFAULTS.window, step=128, key="eval_window")
         if cfg.max_eval_tokens:
             st.caption(f"This deployment scores at most {cfg.max_eval_tokens:,} tokens.")
-        st.form_submit_button("Evaluate perplexity", type="primary", key="evaluate_run", disabled=_ui.busy(),
-                              on_click=_ui.start_job, args=("evaluate",))
-    return {"text": text, "tokens": int(tokens), "window": int(window)}
+        st.form_submit_button("Evaluate perplexity", type="primary", key="evaluate_run",
+                              disabled=_ui.busy(_ui.EVALUATION), on_click=_ui.start_job, args=("evaluate",))
+    _ui.queue_clicked("evaluate", _ui.EVALUATION, lambda: checked(
+        cfg, wb.EvalRequest(fit=fit, text=text(), tokens=int(tokens), window=int(window))))
 
 
-def score(models: dict, windows, batch: int, progress) -> dict:
-    """Perplexity of every variant; the shared leading layers run once when the library can."""
-    try:
-        from ghosted.evaluation.shared_prefix import perplexities
-    except ImportError:
-        return {name: perplexity(m, windows, batch, progress=progress, label=name) for name, m in models.items()}
-    return perplexities(models, windows, batch_size=batch, progress=progress)
+def checked(cfg, request):
+    """``request`` once the deployment allows it."""
+    request.check(cfg)
+    return request
 
 
-def evaluate(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
-    """Perplexity, size and latency of every variant, as one plain table with its protocol."""
-    _ui.deployment().check_eval(form["tokens"])
-    progress("tokenising", 0, 1)
-    windows = evaluation_windows(lm.tokenizer, form["text"](), form["tokens"], form["window"])
-    models = variants(lm, stored)
-    results = score(models, windows, stored.config.calibration.batch_size, progress)
-    prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
-    rows = []
-    for i, (name, model) in enumerate(models.items()):
-        progress("latency", i, len(models))
-        facts, res = describe(model), results[name]
-        rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
-                     "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
-                     "parameters": facts["parameters"],
-                     "memory (MB)": facts["memory_mb"],
-                     "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
-    protocol = dict(next(iter(results.values())).protocol)
-    return {"table": pd.DataFrame(rows), "protocol": protocol}
-
-
-def show_perplexity(result: dict) -> None:
+def show_perplexity(result: wb.Evaluation) -> None:
     """Bar chart and table of perplexities, the protocol beside them."""
-    table, p = result["table"], result["protocol"]
+    table, p = result.table, result.protocol
     chart, side = st.columns([3, 2])
     chart.plotly_chart(_charts.perplexity_bars(table), key="ppl_chart")
     side.dataframe(table[["variant", "perplexity", "nll"]], hide_index=True,
@@ -80,9 +47,9 @@ def show_perplexity(result: dict) -> None:
                   f"{p.get('device')}")
 
 
-def show_frontier(result: dict) -> None:
+def show_frontier(result: wb.Evaluation) -> None:
     """Parameters added against perplexity for every fitted method: what each recovery costs in size."""
-    table = result["table"]
+    table = result.table
     if "parameters" not in table or len(table) < 3:  # an evaluation from before this chart, or nothing fitted
         return
     st.subheader("The recovery frontier")
@@ -93,7 +60,7 @@ def show_frontier(result: dict) -> None:
                "a rank-R one 2·d·R.")
 
 
-def show_boundary(stored: _ui.StoredRun) -> None:
+def show_boundary(stored: wb.FittedRun) -> None:
     """Share of ‖Δ‖² removed, anti-symmetric share of M, and the spectra, from the fit's statistics."""
     frames = stored.frames
     st.subheader("How much of the discrepancy each method removes")
@@ -113,7 +80,7 @@ def show_boundary(stored: _ui.StoredRun) -> None:
     st.plotly_chart(_charts.spectra_lines(spectra, chosen), key="spectra_chart")
 
 
-def show_sinks(stored: _ui.StoredRun) -> None:
+def show_sinks(stored: wb.FittedRun) -> None:
     """The sink report: how many tokens, where, and their share of ‖Δ‖² and of XᵀX, per gap."""
     report = stored.frames.get("sinks")
     if report is None or not len(report):
@@ -132,7 +99,7 @@ def show_sinks(stored: _ui.StoredRun) -> None:
             st.plotly_chart(_charts.position_share_bars(positions, boundary), key="sink_positions")
 
 
-def zeroshot_form(cfg) -> dict:
+def zeroshot_form(cfg, fit: wb.FitRequest) -> None:
     """Tasks and examples; lm-evaluation-harness task names only where hub data may be read."""
     most = DEMO_MAX_EXAMPLES if cfg.is_restricted else 500
     with st.form("zeroshot_form"):
@@ -144,27 +111,18 @@ def zeroshot_form(cfg) -> dict:
                                 placeholder="arc_easy, hellaswag, piqa", disabled=not cfg.allow_hub_datasets,
                                 help="Task names of lm-evaluation-harness; their data comes from the Hugging Face "
                                      "hub, so offline they are skipped with a note.")
-        st.form_submit_button("Score zero-shot accuracy", key="zeroshot_run", disabled=_ui.busy(),
+        st.form_submit_button("Score zero-shot accuracy", key="zeroshot_run", disabled=_ui.busy(_ui.ZEROSHOT),
                               on_click=_ui.start_job, args=("zeroshot",))
     tasks = ([BUNDLED_TASK] if bundled else []) + (parse_tasks(harness) if cfg.allow_hub_datasets else [])
-    return {"tasks": tasks, "limit": int(limit)}
+    _ui.queue_clicked("zeroshot", _ui.ZEROSHOT,
+                      lambda: checked(cfg, wb.ZeroShotRequest(fit=fit, tasks=tuple(tasks), limit=int(limit))))
 
 
-def zeroshot(lm, stored: _ui.StoredRun, form: dict, progress) -> dict:
-    """Accuracy of every variant on the chosen tasks (bundled-lastword shares the variants' prefix)."""
-    if not form["tasks"]:
-        raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
-    run = evaluate_tasks(variants(lm, stored), lm.tokenizer, form["tasks"], limit=form["limit"],
-                         batch_size=stored.config.calibration.batch_size, progress=progress)
-    notes = [f"zero-shot: skipping {task}: {why}" for task, why in run.skipped.items()]
-    return {"frame": run.frame, "protocols": run.protocols, "skipped": run.skipped, "notes": notes}
-
-
-def show_zeroshot(scored: dict) -> None:
+def show_zeroshot(scored: wb.ZeroShot) -> None:
     """Accuracy bars with error bars, the table (average over tasks when several), the protocol."""
-    for note in scored["notes"]:
+    for note in scored.notes:
         st.info(note, icon=":material/cloud_off:")
-    frame = scored["frame"]
+    frame = scored.frame
     if frame.empty:
         return
     chart, side = st.columns([3, 2])
@@ -173,51 +131,66 @@ def show_zeroshot(scored: dict) -> None:
     side.markdown("**Protocol**  \n" + "  \n".join(
         f"{p['task']} v{p.get('version')}: {p.get('examples')} examples, {p.get('num_fewshot')}-shot, "
         f"{'/'.join(p.get('metrics') or [p.get('metric')])}, scored by {p.get('scorer')}"
-        for p in scored["protocols"].values()))
-    if BUNDLED_TASK in scored["protocols"]:
-        side.caption(f"{BUNDLED_TASK}: {scored['protocols'][BUNDLED_TASK].get('selection')}; an answer counts "
+        for p in scored.protocols.values()))
+    if BUNDLED_TASK in scored.protocols:
+        side.caption(f"{BUNDLED_TASK}: {scored.protocols[BUNDLED_TASK].get('selection')}; an answer counts "
                      "when every token of the last word is the model's top choice.")
 
 
-def zeroshot_section(lm, stored: _ui.StoredRun) -> None:
+def zeroshot_section(stored: wb.FittedRun) -> None:
     """The zero-shot section: form, job, results."""
     st.subheader("Zero-shot accuracy")
     st.caption("What pruning costs in answers, not only in perplexity (the paper reports both).")
-    form = zeroshot_form(_ui.deployment())
-    result = _ui.run_job("zeroshot", "Scoring zero-shot accuracy",
-                         lambda progress: zeroshot(lm, stored, form, progress))
-    if result:
-        stored.zeroshot = result
-        st.rerun()
-    if stored.zeroshot:
-        show_zeroshot(stored.zeroshot)
+    zeroshot_form(_ui.deployment(), _ui.request_of(_ui.RUN))
+    if scored := _ui.answer(_ui.ZEROSHOT, "Scoring zero-shot accuracy"):
+        show_zeroshot(scored)
 
 
-@st.fragment
-def generations(lm, stored: _ui.StoredRun) -> None:
-    """Sample continuations side by side; reruns alone, the rest of the page stays as it is."""
+def generations(stored: wb.FittedRun) -> None:
+    """Sample continuations side by side."""
     st.subheader("Generations")
     cfg = _ui.deployment()
     with st.form("generate_form"):
         prompts = st.text_area("Prompts, one per line", "\n".join(_assets.prompts()), key="prompts")
         left, right = st.columns(2)
-        new_tokens = left.number_input("New tokens", 1, 2048, 24, key="new_tokens")
+        new_tokens = left.number_input("New tokens", 1, 2048, wb.GenerationRequest().new_tokens, key="new_tokens")
         chat = right.checkbox("Use the chat template", help="for instruct models")
-        go = st.form_submit_button("Generate", key="generate_run")
-    if go:
-        with _ui.user_errors():
-            cfg.check_generation(int(new_tokens))
-            lines = [p for p in prompts.splitlines() if p.strip()]
-            gen = GenerationConfig(max_new_tokens=int(new_tokens), chat=chat)
-            with st.spinner("Generating..."):
-                outputs = {name: generate(m, lm.tokenizer, lines, gen) for name, m in variants(lm, stored).items()}
-            stored.generations = {"prompts": lines, "outputs": outputs}
-    shown = stored.generations
-    for i, prompt in enumerate(shown["prompts"] if shown else []):
+        st.form_submit_button("Generate", key="generate_run", disabled=_ui.busy(_ui.GENERATIONS),
+                              on_click=_ui.start_job, args=("generate",))
+    lines = tuple(p for p in prompts.splitlines() if p.strip())
+    _ui.queue_clicked("generate", _ui.GENERATIONS, lambda: checked(cfg, wb.GenerationRequest(
+        fit=_ui.request_of(_ui.RUN), prompts=lines, new_tokens=int(new_tokens), chat=bool(chat))))
+    shown = _ui.answer(_ui.GENERATIONS, "Generating")
+    for i, prompt in enumerate(shown.prompts if shown else []):
         st.markdown(f"**{prompt}**")
-        for col, (name, texts) in zip(st.columns(len(shown["outputs"])), shown["outputs"].items()):
+        for col, (name, texts) in zip(st.columns(len(shown.outputs)), shown.outputs.items()):
             col.caption(name)
             col.write(texts[i] or "(nothing)")
+
+
+def link_section() -> None:
+    """The URL that reopens this experiment, with a copy button (a teacher sends it to the class)."""
+    url = _ui.experiment_link()
+    if url is None:
+        st.caption("A run on an uploaded text has no link: the text stays in this session.")
+        return
+    with st.expander("Copy link to this experiment", icon=":material/link:"):
+        st.code(url, language=None, wrap_lines=True)
+        st.caption("The copy button is at the right of the box. Whoever opens the link gets this model, "
+                   "these layers, methods and settings, and the results at once once they are computed.")
+
+
+def evaluation_section(stored: wb.FittedRun) -> None:
+    """The perplexity form, its job, and the tables and charts of its result."""
+    eval_form(_ui.deployment(), _ui.request_of(_ui.RUN))
+    if evaluated := _ui.answer(_ui.EVALUATION, "Scoring every variant"):
+        show_perplexity(evaluated)
+        st.subheader("Size and speed")
+        st.dataframe(evaluated.table[["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
+                     hide_index=True)
+        st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
+                   "on this machine now.")
+        show_frontier(evaluated)
 
 
 _ui.require_frame(__file__)
@@ -226,20 +199,9 @@ lm = _ui.require_model()
 stored = _ui.require_run("Nothing to compare yet")
 st.caption(f"Layers {', '.join(map(str, stored.layers))} dropped; variants: dense, "
            f"{', '.join(_ui.label(m) for m in stored.methods)}.")
-form = eval_form(_ui.deployment())
-result = _ui.run_job("evaluate", "Scoring every variant", lambda progress: evaluate(lm, stored, form, progress))
-if result:
-    stored.evaluation = result
-    st.rerun()
-if evaluated := stored.evaluation:
-    show_perplexity(evaluated)
-    st.subheader("Size and speed")
-    st.dataframe(evaluated["table"][["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
-                 hide_index=True)
-    st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
-               "on this machine now.")
-    show_frontier(evaluated)
-zeroshot_section(lm, stored)
+link_section()
+evaluation_section(stored)
+zeroshot_section(stored)
 show_boundary(stored)
 show_sinks(stored)
-generations(lm, stored)
+generations(stored)

@@ -9,16 +9,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from ghosted.experiments.spec import command
-from ghosted.models.loading import versions
+from ghosted.experiments.frontend import command, save_recovered, versions, workbench as wb
 from pages import _ui
 
 
-def recipe(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
+def recipe(lm, stored: wb.FittedRun, evaluated: wb.Evaluation | None) -> dict:
     """Everything needed to redo the run: model, layers, calibration protocol, methods, versions."""
     spec = stored.config
     if evaluated:
-        p = evaluated["protocol"]
+        p = evaluated.protocol
         spec = spec.with_options(eval=p["source"], eval_tokens=p["n_windows"] * p["seq_len"], eval_seq_len=p["seq_len"])
     return {
         "format": "ghosted-app-recipe", "model": {"name": lm.name, "source": lm.source, "kind": lm.kind,
@@ -26,28 +25,27 @@ def recipe(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
         "dropped_layers": stored.layers, "dropped_spec": spec.layers.drop, "methods": stored.methods,
         "calibration": stored.protocol, "heldout": stored.heldout_protocol,
         "recovery": asdict(stored.run.config), "spec": spec.to_dict(),  # what `run --recipe` reruns
-        "evaluation": evaluated["protocol"] if evaluated else None,
+        "evaluation": evaluated.protocol if evaluated else None,
         "command": command(spec), "versions": versions(),
     }
 
 
-def report(lm, stored: _ui.StoredRun, evaluated: dict | None) -> dict:
+def report(lm, stored: wb.FittedRun, evaluated: wb.Evaluation | None) -> dict:
     """Results as JSON: perplexities with their protocol, boundary errors, asymmetry, recipe."""
     frames = stored.frames
     return {"recipe": recipe(lm, stored, evaluated),
-            "perplexity": evaluated["table"].to_dict("records") if evaluated else None,
+            "perplexity": evaluated.table.to_dict("records") if evaluated else None,
             "boundary_errors": frames["errors"].to_dict("records"),
             "asymmetry": frames["asymmetry"].to_dict("records")}
 
 
-def variant_spec(stored: _ui.StoredRun, method: str) -> dict:
+def variant_spec(stored: wb.FittedRun, method: str) -> dict:
     """The spec saved with one variant: the run's, with that method alone (as `python -m ghosted export`)."""
     return stored.config.with_options(methods=[method]).to_dict()
 
 
 def zipped(model, lm, run, spec: dict) -> bytes:
     """The recovered model as a zip of a Hugging Face folder (built only when downloaded)."""
-    from ghosted.operators.checkpoint import save_recovered
 
     buffer = io.BytesIO()
     with tempfile.TemporaryDirectory() as tmp:
@@ -58,7 +56,7 @@ def zipped(model, lm, run, spec: dict) -> bytes:
     return buffer.getvalue()
 
 
-def model_section(cfg, lm, stored: _ui.StoredRun) -> None:
+def model_section(cfg, lm, stored: wb.FittedRun) -> None:
     """The chosen variant as a zip (built on click) or saved to a folder; off where not allowed."""
     st.subheader("Recovered model")
     if not cfg.allow_model_download:
@@ -86,7 +84,6 @@ def model_section(cfg, lm, stored: _ui.StoredRun) -> None:
 def save_to(model, lm, run, target: str, overwrite: bool = False, spec: dict | None = None) -> None:
     """Save a variant into a folder on the server (workstations only); a non-empty folder only
     with ``overwrite``, the model's own folder and Ghosted's cache never."""
-    from ghosted.operators.checkpoint import save_recovered
 
     if not target.strip():
         raise ValueError("Type a folder to save into.")
@@ -107,7 +104,7 @@ evaluated = stored.evaluation
 st.subheader("Results")
 cols = st.columns(3)
 if evaluated:
-    cols[0].download_button("Perplexity table (CSV)", evaluated["table"].to_csv(index=False),
+    cols[0].download_button("Perplexity table (CSV)", evaluated.table.to_csv(index=False),
                             "ghosted_perplexity.csv", "text/csv")
 else:
     cols[0].caption("Evaluate perplexity on the Compare page to export it.")

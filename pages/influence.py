@@ -2,20 +2,12 @@
 
 import streamlit as st
 
-from ghosted.models.architecture import num_layers
-from ghosted.experiments.spec import CalibrationSpec
-from ghosted.selection.criteria import CRITERIA, RECOVERABILITY, InfluenceConfig, influence
-from ghosted.selection.rules import select
+from ghosted.experiments.frontend import CRITERIA, RECOVERABILITY, num_layers, workbench as wb
 from pages import _charts, _text, _ui
 
-HELDOUT_WINDOWS = 4  # held-out windows drawn when a criterion needs them (cost "heldout")
-DEFAULT_CRITERIA = ("streamline_cosine", "angular_all", "block_influence", "recoverability")
 REASON, PRESET_ERROR = _ui.REASON, "ghosted.preset_error"
-PRESETS = {  # preset -> (criterion, what it picks)
-    "Streamline block of n": ("streamline_cosine", "the contiguous block whose input and output are most alike"),
-    "ShortGPT n": ("block_influence", "the n layers with the lowest Block Influence, anywhere"),
-    "most recoverable block of n": ("recoverability", "the contiguous block a ghost operator restores best"),
-}
+DEFAULTS = wb.InfluenceRequest()  # the page's defaults: what the precompute script stores
+PRESETS = wb.PRESETS
 
 
 def criterion_label(name: str) -> str:
@@ -26,45 +18,33 @@ def criterion_label(name: str) -> str:
     return f"{name} ({c.origin}{cost})"
 
 
-def influence_form(cfg, n_layers: int) -> dict:
-    """Text, size and criteria of the measurement; the job runs on the rerun after submit."""
+def influence_form(cfg, n_layers: int) -> None:
+    """Text, size and criteria of the measurement; a click queues it (``request``)."""
     kind = _text.text_kind(cfg, "bundled:news", "influence", "Text to measure on")
     with st.form("influence_form"):
         text = _text.text_inputs(cfg, kind, "influence")
         cols = st.columns(3)
-        n_seqs = cols[0].number_input("Sequences", 1, 1024, 16, key="influence_seqs")
-        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="influence_len")
+        n_seqs = cols[0].number_input("Sequences", 1, 1024, DEFAULTS.n_seqs, key="influence_seqs")
+        seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="influence_len")
         rec_n = cols[2].multiselect("Block sizes n for recoverability", list(range(1, n_layers)),
-                                    key="influence_rec_n", default=[min(6, n_layers - 1)],
+                                    key="influence_rec_n", default=[min(DEFAULTS.rec_n[0], n_layers - 1)],
                                     help="a ghost fit per block: each n adds memory and time")
-        metrics = st.multiselect("Criteria", list(CRITERIA), default=list(DEFAULT_CRITERIA),
+        metrics = st.multiselect("Criteria", list(CRITERIA), default=list(DEFAULTS.metrics),
                                  key="influence_metrics", format_func=criterion_label)
         if not cfg.allow_costly_criteria:
             st.caption(f"The {cfg.name} deployment does not compute the slow criteria (removal perplexity, "
                        "Taylor+, SLEB).")
-        st.form_submit_button("Compute influence", type="primary", key="influence_run", disabled=_ui.busy(),
-                              on_click=_ui.start_job, args=("influence",))
-    return {"text": text, "n_seqs": int(n_seqs), "seq_len": int(seq_len), "rec_n": rec_n, "metrics": metrics}
+        st.form_submit_button("Compute influence", type="primary", key="influence_run",
+                              disabled=_ui.busy(_ui.INFLUENCE), on_click=_ui.start_job, args=("influence",))
+    _ui.queue_clicked("influence", _ui.INFLUENCE, lambda: request(cfg, text(), n_seqs, seq_len, rec_n, metrics))
 
 
-def compute(lm, form: dict, progress) -> dict:
-    """Every chosen criterion from one influence call: similarities for every n, recoverability (the
-    criteria whose Gram blocks grow with n) for the chosen n only."""
-    if not form["metrics"]:
-        raise ValueError("Choose at least one criterion.")
-    if set(form["metrics"]) & RECOVERABILITY and not form["rec_n"]:
-        raise ValueError("Recoverability needs at least one block size n.")
-    heldout = HELDOUT_WINDOWS if any(CRITERIA[m].cost == "heldout" for m in form["metrics"]) else 0
-    _ui.deployment().check_criteria(form["metrics"])  # demo: no pass per layer, no backward pass
-    _ui.deployment().check_calibration(form["n_seqs"], form["seq_len"], heldout)
-    progress("tokenising", 0, 1)
-    text = form["text"]()
-    calibration = CalibrationSpec(source=_text.source_name(text), count=form["n_seqs"], length=form["seq_len"],
-                                  heldout=heldout, seed=0)
-    fit, held = calibration.windows(lm.tokenizer, text=text)
-    config = InfluenceConfig(metrics=list(form["metrics"]), recoverability_n_values=sorted(form["rec_n"]) or None)
-    report = influence(lm.model, fit, config, heldout=held, progress=progress)
-    return {"model": _ui.current_key(), "report": report, "protocol": fit.protocol}
+def request(cfg, text, n_seqs: int, seq_len: int, rec_n, metrics) -> wb.InfluenceRequest:
+    """The measurement asked for, checked against the deployment."""
+    asked = wb.InfluenceRequest(model=_ui.current_key(), text=text, n_seqs=int(n_seqs), seq_len=int(seq_len),
+                                rec_n=tuple(sorted(int(n) for n in rec_n)), metrics=tuple(metrics))
+    asked.check(cfg)
+    return asked
 
 
 def on_bar_click() -> None:
@@ -85,7 +65,7 @@ def on_preset(report) -> None:
     """Button callback: the preset's layers become the selection, with the reason shown."""
     metric, n = PRESETS[st.session_state["influence_preset"]][0], int(st.session_state["influence_n"])
     try:
-        layers, reason = select(report, metric, n)
+        layers, reason = wb.apply_preset(report, st.session_state["influence_preset"], n)
     except _ui.USER_ERRORS as err:
         missing = metric in RECOVERABILITY and f"n = {n}" in str(err)
         hint = f" Add {n} to 'Block sizes n for recoverability' and compute again." if missing else ""
@@ -141,13 +121,9 @@ st.title("Influence")
 st.write("Which layers change the residual stream least? Compute the criteria on a little text, then "
          "click bars, use a preset or pick layers by hand.")
 lm = _ui.require_model()
-form = influence_form(_ui.deployment(), num_layers(lm.model))
-result = _ui.run_job("influence", "Measuring layer influence", lambda progress: compute(lm, form, progress))
-if result:
-    st.session_state[_ui.INFLUENCE] = result
-    st.rerun()
-stored = _ui.stored(_ui.INFLUENCE)
-report = stored["report"] if stored else None
+influence_form(_ui.deployment(), num_layers(lm.model))
+measured = _ui.answer(_ui.INFLUENCE, "Measuring layer influence")
+report = measured.report if measured else None
 if report is not None:
     charts(report)
 pickers(lm.model, report)

@@ -6,9 +6,8 @@ apply and fills them with the numbers of the stored run (``pages/_assets.learn``
 
 import streamlit as st
 
-from ghosted.models.architecture import hidden_size, num_layers
-from ghosted.recovery.diagnostics import directions_holding, removed_shares
-from ghosted.models.pruning import format_layers
+from ghosted.experiments.frontend import (directions_holding, format_layers, hidden_size, num_layers, removed_shares,
+                                         workbench as wb)
 from pages import _assets, _charts, _ui
 
 ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"
@@ -19,13 +18,13 @@ def say(step: str, part: str, **numbers) -> str:
     return _assets.learn(step, part, **numbers)
 
 
-def step_stream(lm, influence: dict | None) -> None:
+def step_stream(lm, influence: wb.Influence | None) -> None:
     """What flows between layers, with the user's per-layer influence when computed."""
     st.header("1 · The residual stream")
     st.markdown(say("stream", "intro", width=hidden_size(lm.model), layers=num_layers(lm.model)))
     st.latex(r"h_{\ell+1} = h_\ell + f_\ell(h_\ell)")
     st.markdown(say("stream", "consequence"))
-    report = influence["report"] if influence else None
+    report = influence.report if influence else None
     if report is not None and len(report.layers):
         metrics = list(dict.fromkeys(report.layers.metric))
         metric = "block_influence" if "block_influence" in metrics else metrics[0]
@@ -35,7 +34,7 @@ def step_stream(lm, influence: dict | None) -> None:
         st.caption(say("stream", "no_influence"))
 
 
-def step_pruning(lm, stored: _ui.StoredRun) -> None:
+def step_pruning(lm, stored: wb.FittedRun) -> None:
     """The discrepancy Δ a gap leaves, sized on the user's tokens and perplexities."""
     st.header("2 · What pruning breaks")
     errors, spectra = stored.frames["errors"], stored.frames["spectra"]
@@ -49,7 +48,7 @@ def step_pruning(lm, stored: _ui.StoredRun) -> None:
     if (gaps := errors.boundary.nunique()) > 1:
         st.markdown(say("pruning", "gaps", gaps=gaps))
     if stored.evaluation:
-        ppl = stored.evaluation["table"].set_index("variant").perplexity
+        ppl = stored.evaluation.table.set_index("variant").perplexity
         st.markdown(say("pruning", "perplexity", dense=ppl["dense"], pruned=ppl["pruned"]))
     else:
         st.caption(say("pruning", "no_perplexity"))
@@ -60,13 +59,13 @@ def step_pruning(lm, stored: _ui.StoredRun) -> None:
                     directions=len(delta), share=ENERGY_SHARE))
 
 
-def accuracy_cost(stored: _ui.StoredRun) -> None:
+def accuracy_cost(stored: wb.FittedRun) -> None:
     """What pruning (and each recovery) costs in zero-shot answers, from the user's own scores."""
     scored = stored.zeroshot
-    if not scored or scored["frame"].empty:
+    if not scored or scored.frame.empty:
         st.caption(say("pruning", "no_accuracy"))
         return
-    table = _charts.accuracy_table(scored["frame"]).set_index("variant")
+    table = _charts.accuracy_table(scored.frame).set_index("variant")
     column = "average" if "average" in table else table.columns[0]
     acc = table[column]
     if "dense" not in acc or "pruned" not in acc:
@@ -80,7 +79,7 @@ def accuracy_cost(stored: _ui.StoredRun) -> None:
     st.markdown(text)
 
 
-def step_least_squares(stored: _ui.StoredRun) -> None:
+def step_least_squares(stored: wb.FittedRun) -> None:
     """The normal equations and what their solution did on the user's run."""
     st.header("3 · The least-squares problem and its closed form")
     st.markdown(say("least_squares", "intro"))
@@ -102,7 +101,7 @@ def step_least_squares(stored: _ui.StoredRun) -> None:
     st.caption(say("least_squares", "spectra"))
 
 
-def step_restricted(stored: _ui.StoredRun) -> None:
+def step_restricted(stored: wb.FittedRun) -> None:
     """Why smaller families of maps (LinearPatch, ReplaceMe) leave more of Δ behind."""
     st.header("4 · Why restricted operators do worse")
     st.markdown(say("restricted", "intro"))
@@ -117,13 +116,13 @@ def step_restricted(stored: _ui.StoredRun) -> None:
         st.markdown(say("restricted", "asymmetry", share=float(ghost.energy_ratio.iloc[0])))
 
 
-def step_frontier(stored: _ui.StoredRun) -> None:
+def step_frontier(stored: wb.FittedRun) -> None:
     """Parameters added against perplexity for every fitted method, closed form and trained apart."""
     st.header("5 · The recovery frontier: what each recovery costs in size")
     width = hidden_size(stored.run.results["none"].model)
     st.markdown(say("frontier", "intro", full=width * width, width=width))
     fitted = [m for m in stored.methods if m != "none"]
-    table = stored.evaluation["table"] if stored.evaluation else None
+    table = stored.evaluation.table if stored.evaluation else None
     if len(fitted) < 2:
         st.info(say("frontier", "one_method"), icon=":material/scatter_plot:")
         return
@@ -146,7 +145,7 @@ def best_of(points) -> dict:
     return {"method": row.variant, "perplexity": float(row.perplexity), "added": int(row["parameters added"])}
 
 
-def step_sinks(stored: _ui.StoredRun) -> None:
+def step_sinks(stored: wb.FittedRun) -> None:
     """The attention sink: one token that can carry most of Δ, and what the robust fit does about it."""
     st.header("6 · One token can carry the whole mismatch: the attention sink")
     frames = stored.frames
@@ -179,11 +178,11 @@ def step_sinks(stored: _ui.StoredRun) -> None:
         st.dataframe(choices[choices.method == "ghost-auto"][["boundary", "chosen", "reason"]], hide_index=True)
 
 
-def robust_perplexities(stored: _ui.StoredRun) -> None:
+def robust_perplexities(stored: wb.FittedRun) -> None:
     """The user's perplexities of the paper's fit and the sink-aware ones, or what to fit to see them."""
     fitted = [m for m in ("ghost", "ghost-robust", "ghost-auto") if m in stored.methods]
     if stored.evaluation and len(fitted) > 1:
-        ppl = stored.evaluation["table"].set_index("variant").perplexity
+        ppl = stored.evaluation.table.set_index("variant").perplexity
         listing = ", ".join(f"{m} **{ppl[m]:.2f}**" for m in fitted if m in ppl)
         st.markdown(say("sinks", "perplexities", listing=listing))
     elif "ghost-robust" not in fitted and "ghost-auto" not in fitted:
@@ -193,7 +192,7 @@ def robust_perplexities(stored: _ui.StoredRun) -> None:
 _ui.require_frame(__file__)
 st.title("Learn: how ghost layers work")
 lm = _ui.require_model()
-step_stream(lm, _ui.stored(_ui.INFLUENCE))
+step_stream(lm, _ui.result(_ui.INFLUENCE))
 run = _ui.require_run("The next steps use your own numbers")
 step_pruning(lm, run)
 step_least_squares(run)

@@ -3,8 +3,7 @@
 import streamlit as st
 import torch
 
-from ghosted.models.architecture import describe
-from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.experiments.frontend import BUNDLED_MODEL, describe
 from pages import _ui
 
 BUNDLED, PATH, HUB = "Bundled SmolLM2-135M-Instruct", "Local folder or .gguf file", "Hugging Face hub id"

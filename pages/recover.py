@@ -1,18 +1,12 @@
 """Calibrate & recover page: gather statistics once, fit every chosen method, keep the run."""
 
-import time
-
 import streamlit as st
 
-from ghosted.models.architecture import hidden_size
-from ghosted.recovery.methods import RECOVERY, help_text, with_role
-from ghosted.experiments.spec import ExperimentSpec
-from ghosted.models.pruning import format_layers
-from ghosted.experiments.run import fit_spec
-from ghosted.recovery.fitting import METHODS
+from ghosted.experiments.frontend import (METHODS, RECOVERY, format_layers, help_text, hidden_size, num_layers,
+                                          with_role, workbench as wb)
 from pages import _charts, _text, _ui
 
-DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
+DEFAULTS = wb.FitRequest()  # the page's defaults: what the precompute script stores
 METHOD_HELP = help_text(with_role(METHODS, RECOVERY))  # from the registry, ghosted.recovery.methods
 AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (**ghost**), the sink-robust one "
              "(**ghost-robust**) or no operator, whichever predicts the held-out calibration windows better "
@@ -21,66 +15,48 @@ AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (*
              "an attention sink is born inside the removed block (see the Learn page).")
 
 
-def settings_form(cfg) -> dict | None:
-    """Calibration settings; returns them (with a text resolver) when the form is submitted."""
+def settings_form(cfg, model, layers: list[int]) -> None:
+    """Calibration settings; a click queues the run (``request``)."""
     fittable = with_role(METHODS, RECOVERY)
     kind = _text.text_kind(cfg, "bundled:news", "calib", "Calibration text")
     with st.form("calibrate_form"):
         text = _text.text_inputs(cfg, kind, "calib")
         cols = st.columns(4)
-        n_seqs = cols[0].number_input("Sequences", 1, 4096, 32, key="calib_n",
+        n_seqs = cols[0].number_input("Sequences", 1, 4096, DEFAULTS.n_seqs, key="calib_n",
                                       help="windows the operators are fitted on")
-        seq_len = cols[1].number_input("Sequence length", 8, 8192, 128, step=64, key="calib_len")
-        heldout = cols[2].number_input("Held-out sequences", 0, 1024, 4, key="calib_heldout",
+        seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="calib_len")
+        heldout = cols[2].number_input("Held-out sequences", 0, 1024, DEFAULTS.heldout, key="calib_heldout",
                                        help="extra windows never fitted: the held-out errors")
-        seed = cols[3].number_input("Seed", 0, 2**31 - 1, 0, key="calib_seed", help="which windows are drawn")
+        seed = cols[3].number_input("Seed", 0, 2**31 - 1, DEFAULTS.seed, key="calib_seed",
+                                    help="which windows are drawn")
         if cfg.max_calib_tokens:
             st.caption(f"This deployment allows at most {cfg.max_calib_tokens:,} calibration tokens.")
         st.markdown(AUTO_NOTE)
         methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
                                  key="calib_methods", help=METHOD_HELP,
-                                 default=[m for m in DEFAULT_METHODS if m in fittable])
+                                 default=[m for m in DEFAULTS.methods if m in fittable])
         mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True,
                         help="independent: every gap fitted on the dense model (paper); sequential: "
                              "each gap fitted on the model already pruned and patched upstream")
         with st.expander("Advanced"):
-            batch = st.number_input("Batch size (windows per forward pass)", 1, 256, 4)
+            batch = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch)
             granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True,
                                    help="one per contiguous block, or one per removed layer")
-        st.form_submit_button("Calibrate and fit", type="primary", key="calibrate_run", disabled=_ui.busy(),
+        st.form_submit_button("Calibrate and fit", type="primary", key="calibrate_run", disabled=_ui.busy(_ui.RUN),
                               on_click=_ui.start_job, args=("calibrate",))
-    return dict(text=text, n_seqs=int(n_seqs), seq_len=int(seq_len), heldout=int(heldout), seed=int(seed),
-                methods=list(methods), mode=mode, batch=int(batch), granularity=granularity)
+    choices = dict(n_seqs=int(n_seqs), seq_len=int(seq_len), heldout=int(heldout), seed=int(seed),
+                   methods=tuple(methods), mode=mode, batch=int(batch), granularity=granularity)
+    _ui.queue_clicked("calibrate", _ui.RUN, lambda: request(cfg, model, layers, text(), choices))
 
 
-def calibrate(lm, layers: list[int], form: dict, progress) -> _ui.StoredRun:
-    """Windows, statistics and every method's operator; plain frames for display."""
-    cfg = _ui.deployment()
-    _ui.check_selection(lm.model, layers)
-    cfg.check_calibration(form["n_seqs"], form["seq_len"], form["heldout"])
-    source = form["text"]()
-    started = time.perf_counter()
-    methods = ["none", *form["methods"]]
-    spec = ExperimentSpec().with_options(  # the same spec `python -m ghosted run` builds from its flags
-        model=lm.source, calib=_text.source_name(source), calib_seqs=form["n_seqs"], seq_len=form["seq_len"],
-        heldout_seqs=form["heldout"], seed=form["seed"], drop=format_layers(layers), methods=["dense", *methods],
-        ghost_mode=form["mode"], granularity=form["granularity"], batch_size=form["batch"], device=lm.device,
-        dtype=lm.dtype, cache=cfg.allow_local_paths)  # a public demo writes nothing to disk
-    progress("tokenising", 0, 1)
-    windows = {}
-    run = fit_spec(spec, lm, layers, progress, text=source,
-                   on_windows=lambda fit, held: windows.update(fit=fit, held=held))
-    fit, held = windows["fit"], windows["held"]
-    progress("spectra and errors", 0, 1)
-    frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
-              "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
-              "positions": run.position_shares(), "choices": run.choices()}
-    return _ui.StoredRun(model=_ui.current_key(), run=run, config=spec, methods=methods, layers=layers,
-                         frames=frames, protocol=fit.protocol, heldout_protocol=held.protocol if held else None,
-                         seconds=time.perf_counter() - started)
+def request(cfg, model, layers: list[int], text, choices: dict) -> wb.FitRequest:
+    """The run asked for, checked against the model and the deployment."""
+    asked = wb.FitRequest(model=_ui.current_key(), text=text, layers=tuple(layers), **choices)
+    asked.check(cfg, num_layers(model))
+    return asked
 
 
-def summary(stored: _ui.StoredRun) -> None:
+def summary(stored: wb.FittedRun) -> None:
     """What the last run fitted, how well, and how long it took."""
     run, proto = stored.run, stored.protocol
     st.subheader(f"Run: layers {format_layers(stored.layers)} dropped")
@@ -111,11 +87,6 @@ if layers:
 else:
     st.warning("No layers selected yet. Pick them on the Influence page first.", icon=":material/content_cut:")
     st.page_link("pages/influence.py", label="Choose layers", icon=":material/insights:")
-form = settings_form(_ui.deployment())
-result = _ui.run_job("calibrate", "Calibrating and fitting",
-                     lambda progress: calibrate(lm, layers, form, progress))
-if result:
-    _ui.store_run(result)
-    st.rerun()
-if stored := _ui.current_run():
+settings_form(_ui.deployment(), lm.model, layers)
+if (_ui.answer(_ui.RUN, "Calibrating and fitting")) and (stored := _ui.current_run()):
     summary(stored)

@@ -11,6 +11,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Calibration statistics saved by the tests (and by app servers they start) never reach the user's
 # cache; the bundled model's converted copy stays where it is ($GHOSTED_CACHE is left alone).
 os.environ.setdefault("GHOSTED_STATS_CACHE", tempfile.mkdtemp(prefix="ghosted-test-stats-"))
+os.environ.setdefault("GHOSTED_RESULTS", tempfile.mkdtemp(prefix="ghosted-test-results-"))  # the app's shared store
 
 import pytest
 import torch

@@ -40,6 +40,11 @@ class DeployConfig:
     max_new_tokens: int = 200  # longest sample generation
     allow_costly_criteria: bool = True  # influence criteria with a pass per layer or a backward pass
     # (removal perplexity, Taylor+, SLEB): minutes per layer set on a small shared CPU
+    stats_cache_gb: float | None = None  # calibration statistics kept on disk, shared by every session;
+    # None: $GHOSTED_STATS_CACHE_GB or the cache's default (20 GB)
+    shared_results: int = 64  # results (reports, fitted runs, evaluations) kept in memory for every session
+    idle_release_s: float | None = None  # a result no one read for this long is released (recomputed,
+    # or read from disk, when someone asks again); None: kept until ``shared_results`` pushes it out
 
     @property
     def is_restricted(self) -> bool:
@@ -61,6 +66,19 @@ class DeployConfig:
         if trust_remote_code and not self.allow_trust_remote_code:
             raise DeployRefusal(f"The {self.name} deployment never runs code shipped with a model "
                                 "(trust_remote_code is off).")
+
+    def check_source(self, source: str, trust_remote_code: bool = False) -> None:
+        """``check_model`` for a model named by its source alone (the kind is found here); a missing
+        path is refused as a local path where those are off, as unloadable otherwise."""
+        from ghosted.models.loading import ModelLoadError, source_kind
+
+        try:
+            kind = source_kind(source)
+        except ModelLoadError:  # a missing path: say "no local paths here" first where that applies
+            if self.allow_local_paths:
+                raise
+            kind = "folder"
+        self.check_model(source, kind, trust_remote_code)
 
     def check_text_source(self, source: str) -> None:
         """Refuse a local text file or a hub dataset where the deployment forbids them."""
@@ -146,13 +164,14 @@ LOCAL = DeployConfig()  # a workstation: everything allowed, nothing capped
 DEMO = DeployConfig(  # a public CPU demo (e.g. a 2-vCPU Space): small, safe, no downloads
     name="demo", models=(BUNDLED_MODEL,), allow_local_paths=False, allow_hub_datasets=False,
     allow_trust_remote_code=False, allow_model_download=False, max_calib_tokens=8192,
-    max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, allow_costly_criteria=False)
+    max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, allow_costly_criteria=False,
+    stats_cache_gb=2.0, shared_results=48, idle_release_s=20 * 60)
 CLASSROOM = DeployConfig(  # a shared teaching server: small hub models, room for real runs
     name="classroom", models=(BUNDLED_MODEL, "HuggingFaceTB/SmolLM2-135M-Instruct",
                               "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
     allow_local_paths=False, allow_hub_datasets=True, allow_trust_remote_code=False,
     allow_model_download=False, max_calib_tokens=32768, max_eval_tokens=32768, max_upload_mb=20,
-    max_new_tokens=128)
+    max_new_tokens=128, stats_cache_gb=10.0, shared_results=96, idle_release_s=45 * 60)
 PRESETS = {"local": LOCAL, "demo": DEMO, "classroom": CLASSROOM}
 
 

@@ -139,10 +139,10 @@ def test_require_run_without_a_run_says_so_links_calibration_and_stops(app, page
 
 
 def test_a_run_of_another_model_counts_as_none(app):
-    from pages._ui import RUN, StoredRun
+    from ghosted.experiments.workbench import FitRequest
+    from pages._ui import RUN
 
-    app.session_state[RUN] = StoredRun(model="another|model", run=None, config=None, layers=[1], methods=["none"],
-                                       frames={}, protocol={}, heldout_protocol=None, seconds=0.0)
+    app.session_state[RUN] = FitRequest(model="another|model", layers=(1,))
     open_page(app, "compare")
     no_exception(app)
     assert any("calibrate and fit the recovery methods first" in i.value for i in app.info)

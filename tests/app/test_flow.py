@@ -11,8 +11,9 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import (ROOT, TIMEOUT, calibrate, errors, figures, no_exception, open_page,
+from tests.app.conftest import (ROOT, TIMEOUT, calibrate, errors, figures, no_exception, open_page, run_of,
                                 serve_navigation)
+
 
 METHODS = ["ghost-auto", "ghost", "replaceme-ls"]  # the default method, the paper's, a baseline
 LAYERS = [20, 21, 22, 23]
@@ -48,7 +49,7 @@ def test_selection_reaches_other_pages(flow):
 
 
 def test_calibration_kept_across_pages(flow):
-    stored = flow.session_state["ghosted.run"]
+    stored = run_of(flow)
     assert stored.methods == ["none", *METHODS]
     assert set(stored.run.results) == {"none", *METHODS}
     assert stored.protocol["n_windows"] == 4 and stored.heldout_protocol["n_windows"] == 2
@@ -58,7 +59,7 @@ def test_perplexity_table(flow):
     open_page(flow, "compare")
     no_exception(flow)
     assert not errors(flow)
-    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("variant")
     assert list(table.index) == ["dense", "pruned", *METHODS]
     assert (table.perplexity > 1).all()
     assert table.perplexity["dense"] < table.perplexity["pruned"]  # four layers gone always cost something
@@ -70,7 +71,7 @@ def test_perplexity_table(flow):
 
 def test_perplexity_figure_matches_table(flow):
     open_page(flow, "compare")
-    table = flow.session_state["ghosted.run"].evaluation["table"]
+    table = run_of(flow).evaluation.table
     bars = figures(flow)[0]
     assert bars["data"][0]["type"] == "bar"
     assert bars["data"][0]["x"] == list(table.variant)
@@ -80,7 +81,7 @@ def test_perplexity_figure_matches_table(flow):
 
 def test_frontier_figure_matches_the_evaluated_parameters(flow):
     open_page(flow, "compare")
-    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("variant")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert (closed["name"], trained["name"]) == ("closed form", "trained")
@@ -118,9 +119,9 @@ def test_generations_side_by_side(flow):
     flow.number_input(key="new_tokens").set_value(4)
     flow.button(key="generate_run").click().run()
     no_exception(flow)
-    shown = flow.session_state["ghosted.run"].generations
-    assert list(shown["outputs"]) == ["dense", "pruned", *METHODS]
-    assert all(len(texts) == 1 for texts in shown["outputs"].values())
+    shown = run_of(flow).generations
+    assert list(shown.outputs) == ["dense", "pruned", *METHODS]
+    assert all(len(texts) == 1 for texts in shown.outputs.values())
 
 
 def test_export_downloads(flow):
@@ -154,7 +155,7 @@ def test_learn_fills_its_texts_with_the_runs_numbers(flow):
     no_exception(flow)
     shown = [e.value for kind in ("markdown", "caption", "info", "warning") for e in flow.get(kind)]
     assert not [text for text in shown if re.search(r"\{[A-Za-z_]\w*(:[^}]*)?\}", text)]
-    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("variant")
     expected = [_assets.learn("stream", "intro", width=576, layers=30),
                 _assets.learn("pruning", "missing", layers="20-23", start=20, end=24, last=23),
                 _assets.learn("pruning", "perplexity", dense=table.perplexity["dense"],
@@ -165,7 +166,7 @@ def test_learn_fills_its_texts_with_the_runs_numbers(flow):
 
 def test_learn_shows_the_frontier_of_the_run(flow):
     open_page(flow, "learn")
-    table = flow.session_state["ghosted.run"].evaluation["table"].set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("variant")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert closed["text"] == METHODS and not trained.get("x")
@@ -181,7 +182,7 @@ def test_learn_shows_the_frontier_of_the_run(flow):
 def test_learn_explains_the_sink_with_the_runs_numbers(flow):
     open_page(flow, "learn")
     no_exception(flow)
-    shares = flow.session_state["ghosted.run"].frames["token_shares"].set_index("tokens")
+    shares = run_of(flow).frames["token_shares"].set_index("tokens")
     text = " ".join(m.value for m in flow.markdown)
     assert "attention sink" in text and f"{shares.loc['sink', 'delta_share']:.1%}" in text
     figs = figures(flow)
@@ -195,7 +196,7 @@ def test_learn_explains_the_sink_with_the_runs_numbers(flow):
 
 def test_compare_shows_the_sink_report(flow):
     open_page(flow, "compare")
-    report = flow.session_state["ghosted.run"].frames["sinks"]
+    report = run_of(flow).frames["sinks"]
     assert list(report.boundary) == ["20-24"]
     assert any("share of ‖Δ‖² %" in d.value.columns for d in flow.dataframe)
 

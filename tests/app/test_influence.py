@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.app.conftest import errors, figures, no_exception, open_page
+from tests.app.conftest import errors, figures, influence_of, no_exception, open_page
 
 
 @pytest.fixture
@@ -17,7 +17,7 @@ def measured(app):
 
 
 def test_charts_show_the_report(measured):
-    report = measured.session_state["ghosted.layer_influence"]["report"]
+    report = influence_of(measured).report
     heat, bars = figures(measured)[:2]
     assert heat["data"][0]["type"] == "heatmap"
     streamline = report.blocks[report.blocks.metric == "streamline_cosine"]
@@ -88,7 +88,7 @@ def test_every_criterion_comes_from_one_influence_call_with_recoverability_token
     app.button(key="influence_run").click().run()
     no_exception(app)
     assert not errors(app)
-    report = app.session_state["ghosted.layer_influence"]["report"]
+    report = influence_of(app).report
     assert report.meta["metrics"] == chosen and report.meta["recoverability_n_values"] == [4]  # one call
     blocks = report.blocks
     assert blocks[blocks.metric == "streamline_cosine"].n.nunique() == 29  # similarities: every n

@@ -14,8 +14,8 @@ import torch
 from streamlit.testing.v1 import AppTest
 
 from ghosted.models.architecture import layers_of
-from pages._ui import MODEL, RUN, load_cached
-from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, no_exception, open_page
+from pages._ui import MODEL, load_cached
+from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, no_exception, open_page, run_of
 
 SESSIONS = {"a": ([20, 21], ["ghost"]), "b": ([9, 10, 11], ["linearpatch-diag"])}  # layers, methods
 
@@ -67,12 +67,12 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
 
     for name, at in sessions.items():
         layers, methods = SESSIONS[name]
-        run = at.session_state[RUN]
+        run = run_of(at)
         assert run.layers == layers and run.methods == ["none", *methods]
         assert set(run.run.results) == {"none", *methods} and run.run.dropped == layers
-        table = at.session_state[RUN].evaluation["table"].set_index("variant")
+        table = run_of(at).evaluation.table.set_index("variant")
         assert list(table.index) == ["dense", "pruned", *methods]
-    table_a, table_b = (at.session_state[RUN].evaluation["table"].set_index("variant") for at in (a, b))
+    table_a, table_b = (run_of(at).evaluation.table.set_index("variant") for at in (a, b))
     assert table_a.perplexity["dense"] == pytest.approx(table_b.perplexity["dense"], rel=1e-6)  # same model
     assert table_a.perplexity["pruned"] != pytest.approx(table_b.perplexity["pruned"], rel=1e-3)
     assert table_a["parameters (M)"]["pruned"] > table_b["parameters (M)"]["pruned"]  # 2 layers vs 3 gone
@@ -84,7 +84,7 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
         assert any(f"Layers {', '.join(map(str, layers))} dropped" in c.value for c in at.caption)
         shown = next(d.value for d in at.dataframe if "perplexity" in d.value.columns)
         assert list(shown.variant) == ["dense", "pruned", *methods]
-        assert list(shown.perplexity) == pytest.approx(list(at.session_state[RUN].evaluation["table"].perplexity))
+        assert list(shown.perplexity) == pytest.approx(list(run_of(at).evaluation.table.perplexity))
 
     assert load_cached(**a.session_state[MODEL]).model is model  # still the same cached object
     assert fingerprint(model) == before

@@ -7,7 +7,8 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
-from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, figures, no_exception, open_page, serve_navigation
+from tests.app.conftest import (ROOT, TIMEOUT, calibrate, errors, figures, no_exception, open_page, run_of,
+                                serve_navigation)
 
 LAYERS = [20, 21, 22, 23]
 METHODS = ["ghost-auto"]
@@ -34,15 +35,15 @@ def test_accuracy_of_every_variant_is_stored_and_right(scored):
     at, _ = scored
     no_exception(at)
     assert not errors(at)
-    result = at.session_state["ghosted.run"].zeroshot
-    acc = result["frame"][result["frame"].metric == "acc"]
+    result = run_of(at).zeroshot
+    acc = result.frame[result.frame.metric == "acc"]
     assert list(acc.model) == ["dense", "pruned", *METHODS] and set(acc.task) == {"bundled-lastword"}
-    assert result["protocols"]["bundled-lastword"]["examples"] == EXAMPLES
+    assert result.protocols["bundled-lastword"]["examples"] == EXAMPLES
     from ghosted.evaluation.lastword import score_lastword
     from pages._ui import MODEL, load_cached
 
     lm = load_cached(**at.session_state[MODEL])
-    run = at.session_state["ghosted.run"].run
+    run = run_of(at).run
     models = {"dense": lm.model, "pruned": run.results["none"].model, "ghost-auto": run.results["ghost-auto"].model}
     again = score_lastword(models, lm.tokenizer, limit=EXAMPLES, share=False)
     assert list(acc.value) == [again[m].acc for m in models]  # the page's numbers, computed independently
@@ -51,7 +52,7 @@ def test_accuracy_of_every_variant_is_stored_and_right(scored):
 def test_bar_chart_has_error_bars_and_the_table_matches(scored):
     at, _ = scored
     open_page(at, "compare")
-    frame = at.session_state["ghosted.run"].zeroshot["frame"]
+    frame = run_of(at).zeroshot.frame
     acc = frame[frame.metric == "acc"]
     chart = next(f for f in figures(at) if "Zero-shot accuracy" in f["layout"]["title"]["text"])
     (bars,) = chart["data"]  # one task: no average bar
@@ -69,7 +70,7 @@ def test_learn_page_uses_the_accuracy_once_scored(scored):
     assert "Score zero-shot accuracy on the Compare page" in learn_before
     open_page(at, "learn")
     no_exception(at)
-    frame = at.session_state["ghosted.run"].zeroshot["frame"]
+    frame = run_of(at).zeroshot.frame
     acc = frame[frame.metric == "acc"].set_index("model").value * 100
     text = " ".join(m.value for m in at.markdown)
     assert (f"accuracy goes from **{acc['dense']:.1f} %** (dense) to **{acc['pruned']:.1f} %** (pruned)" in text)
@@ -93,6 +94,6 @@ def test_an_lm_eval_task_offline_is_skipped_with_a_note(scored):
     at.text_input(key="zeroshot_harness").input("arc_easy")
     at.button(key="zeroshot_run").click().run()
     no_exception(at)
-    result = at.session_state["ghosted.run"].zeroshot
-    assert result["frame"].empty and list(result["skipped"]) == ["arc_easy"]
+    result = run_of(at).zeroshot
+    assert result.frame.empty and list(result.skipped) == ["arc_easy"]
     assert any("skipping arc_easy" in i.value for i in at.info)

@@ -71,11 +71,16 @@ def app_url():
         _wait_healthy(url, server)
         yield url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server)
+
+
+def stop(server: subprocess.Popen, grace_s: float = 20) -> None:
+    """Ask the server to end, and end it if it has not within ``grace_s`` seconds."""
+    server.terminate()
+    try:
+        server.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        server.kill()
 
 
 @pytest.fixture(scope="module")

@@ -116,6 +116,15 @@ def test_bundled_model_is_prepared_at_build_time_without_a_gpu(steps):
     assert not any("cuda" in rest or "nvidia" in rest for rest in args_of(steps, "RUN"))
 
 
+def test_the_shared_store_is_precomputed_at_build_time_in_demo_mode(steps):
+    keys = [key for key, _ in steps]
+    runs = [i for i, (key, rest) in enumerate(steps) if key == "RUN" and "scripts/precompute.py" in rest]
+    assert runs, "the image answers the page defaults at once: RUN python scripts/precompute.py"
+    demo = next(i for i, (key, rest) in enumerate(steps) if key == "ENV" and "GHOSTED_DEMO=1" in rest)
+    assert keys.index("COPY") < demo < runs[0], "after the code is copied, with the demo's limits"
+    assert (ROOT / "scripts" / "precompute.py").exists()
+
+
 def test_dockerignore_keeps_the_local_environment_out():
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]

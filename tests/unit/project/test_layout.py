@@ -7,7 +7,9 @@ functions; relative imports resolved), so a lazy import cannot slip past. The ru
     ghosted/__init__.py, ghosted/__main__.py and ghosted/cli/ may import anything; nothing imports cli;
 (b) no import cycle between modules;
 (c) no module left flat in ghosted/ but __init__.py and __main__.py;
-(d) no ghosted module imports streamlit (the app's pages do).
+(d) no ghosted module imports streamlit (the app's pages do);
+(e) the app (app.py and pages/, helpers included) imports from ghosted only its one backend
+    (``APP_BACKEND``: ghosted.experiments.frontend, which names what pages use, and the session API).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ LAYERS = ("core", "models", "data", "calibration", "evaluation", "operators", "r
           "experiments")  # lowest first: a package imports only those at or before its own place
 FRONT_ENDS = ("cli",)  # above every layer; nothing below imports them
 FLAT_ALLOWED = {"__init__.py", "__main__.py"}
+APP_BACKEND = ("ghosted.experiments.frontend", "ghosted.experiments.session")  # what the app may import
 ROOT_CONSTANTS = {"__version__"}  # constants of ghosted/__init__.py any module may read: that file imports nothing
 # at import time but ghosted.core.guards (the rest lazily, inside the API functions), so reading them adds no edge
 
@@ -140,6 +143,36 @@ def test_library_never_imports_streamlit():
     users = [module_name(p) for p in ROOT.rglob("*.py")
              if any(m.split(".")[0] == "streamlit" for m in imports_of(p))]
     assert users == []
+
+
+def app_files() -> list[Path]:
+    pages = ROOT.parent / "pages"
+    return [ROOT.parent / "app.py", *sorted(pages.glob("*.py"))]
+
+
+def backend_violations(files: list[Path]) -> list[str]:
+    """(e): imports of ghosted modules other than the app's backend, in app.py and pages/."""
+    out = []
+    for path in files:
+        for name in sorted(imports_of(path, path.parent)):
+            if name.split(".")[0] == "ghosted" and not any(name == b or name.startswith(b + ".")
+                                                             for b in APP_BACKEND):
+                out.append(f"{path.parent.name}/{path.name} imports {name}")
+    return out
+
+
+def test_the_app_imports_only_its_backend():
+    assert len(app_files()) > 5
+    assert backend_violations(app_files()) == []
+
+
+def test_the_backend_rule_flags_a_library_import(tmp_path):
+    page = tmp_path / "pages" / "x.py"
+    page.parent.mkdir()
+    page.write_text("from ghosted.experiments.frontend import workbench\n"
+                    "def f():\n    from ghosted.recovery.fitting import recover\n")
+    assert backend_violations([page]) == ["pages/x.py imports ghosted.recovery.fitting",
+                                          "pages/x.py imports ghosted.recovery.fitting.recover"]
 
 
 @pytest.mark.parametrize("graph, expected", [

@@ -1,0 +1,330 @@
+"""A class at once: N real browser sessions follow the teaching flow against one demo server.
+
+``streamlit run app.py`` in demo mode on this machine (fresh statistics cache and result store unless
+``--precomputed``, which runs ``scripts/precompute.py`` into them first), and N sessions of one headless
+chromium (Debian's ``/usr/bin/chromium``, driven by Playwright; one browser, one context per session)
+that each follow the teaching flow at the same time: Influence with the page's defaults, the preset
+"Streamline block of n", Calibrate & recover with the defaults, Compare with 1,024 evaluation tokens.
+With ``--choices same`` every session picks n = 6; with ``different`` session i picks n = 2 + i mod 8
+(different blocks, so different runs). While its run is computed each session switches to the Model page
+and back, timing both page switches.
+
+Per step: the median and 95th percentile of the sessions' times, page-switch latency while jobs run,
+errors, and the server's peak memory (RSS of its process tree, sampled every 0.5 s). Results go to
+``bench/results/load.json`` (one cell per N and choices, merged with the cells already there); the table
+in docs/BENCHMARKS.md and the sentence in docs/DEPLOY.md are written from that file (``--report`` rewrites
+them without measuring).
+
+    python -m bench.load --sessions 1,10 --choices same,different
+    python -m bench.load --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import ROOT, machine, table, today, write_section  # noqa: E402
+from tests.e2e.conftest import _free_port, _wait_healthy, stop  # noqa: E402  (the browser tests' server)
+
+RESULTS = ROOT / "bench" / "results" / "load.json"
+DEPLOY = ROOT / "docs" / "DEPLOY.md"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
+STEP_TIMEOUT_MS = 60 * 60 * 1000  # one step of one session under the heaviest load
+EVAL_TOKENS = 1024  # the teaching flow's evaluation size
+STEPS = ("influence", "recovered", "compared")
+
+
+# --- the server -------------------------------------------------------------------------------------------
+
+def start_server(workdir: Path, precomputed: bool) -> tuple[subprocess.Popen, str]:
+    """The demo app on a loopback port, with its own statistics cache and result store under ``workdir``."""
+    env = {**os.environ, "GHOSTED_DEMO": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "GHOSTED_STATS_CACHE": str(workdir / "stats"), "GHOSTED_RESULTS": str(workdir / "results")}
+    env.pop("GHOSTED_DEPLOY", None)
+    if precomputed:
+        subprocess.run([sys.executable, "scripts/precompute.py"], cwd=ROOT, env=env, check=True)
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
+                               f"--server.port={port}", "--server.address=127.0.0.1",
+                               "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"],
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(url, server, limit_s=180)
+    except RuntimeError:
+        stop(server)
+        raise
+    return server, url
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants, MiB (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
+        except (OSError, AttributeError):
+            pass
+    return total / 1024
+
+
+class PeakMemory:
+    """Samples the server tree's RSS every 0.5 s in a thread; ``peak`` is the largest seen."""
+
+    def __init__(self, pid: int):
+        self.pid, self.peak, self._stop = pid, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self.peak = max(self.peak, tree_rss_mib(self.pid))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# --- one session ------------------------------------------------------------------------------------------
+
+async def idle(page) -> None:
+    await page.wait_for_selector("[data-testid='stApp'][data-test-connection-state='CONNECTED']"
+                                 "[data-test-script-state='notRunning']", timeout=STEP_TIMEOUT_MS)
+
+
+async def go(page, title: str) -> float:
+    """Switch page by the top bar; seconds until the new page's title shows."""
+    started = time.perf_counter()
+    await page.get_by_role("link", name=title, exact=True).first.click()
+    await page.locator("h1").first.filter(has_text=title.split(" ")[0]).wait_for(timeout=STEP_TIMEOUT_MS)
+    return time.perf_counter() - started
+
+
+async def fill(page, key: str, value) -> None:
+    box = page.locator(f".st-key-{key} input")
+    await box.fill(str(value))
+    await box.press("Tab")
+    await idle(page)
+
+
+async def click(page, key: str) -> None:
+    await page.locator(f".st-key-{key} button").click()
+
+
+async def switch_away_and_back(page, title: str, record: dict) -> None:
+    """While this session's job runs: to the Model page and back, both switches timed."""
+    record["switches"].append(await go(page, "Model"))
+    record["switches"].append(await go(page, title))
+
+
+async def flow(browser, url: str, n_block: int, record: dict) -> None:
+    """The teaching flow in one browser context; fills ``record`` with step times and errors."""
+    context = await browser.new_context(viewport={"width": 1280, "height": 2000})
+    page = await context.new_page()
+    page.set_default_timeout(STEP_TIMEOUT_MS)
+    try:
+        started = time.perf_counter()
+        await page.goto(url)
+        await idle(page)
+        await go(page, "Influence")
+        await click(page, "influence_run")
+        await page.locator(".st-key-influence_bars .trace.bars .point path").nth(29).wait_for()
+        record["influence"] = time.perf_counter() - started
+        await idle(page)
+        await fill(page, "influence_n", n_block)
+        await click(page, "influence_apply")  # the first preset: "Streamline block of n"
+        await page.get_by_text(re.compile(rf"Selected: .*\({n_block} of 30 layers")).wait_for()
+        await idle(page)
+        step = time.perf_counter()
+        await go(page, "Calibrate & recover")
+        await click(page, "calibrate_run")
+        panel = page.locator("[data-testid='stProgress']").first
+        try:
+            await panel.wait_for(timeout=3000)
+            record["queue_text"] = await panel.inner_text()
+            await switch_away_and_back(page, "Calibrate & recover", record)
+        except Exception:  # noqa: BLE001 - answered at once (shared or precomputed): nothing to wait for
+            record["queue_text"] = ""
+        await page.get_by_text(re.compile(r"^Run: layers")).wait_for()
+        record["recovered"] = time.perf_counter() - step
+        await idle(page)
+        step = time.perf_counter()
+        await go(page, "Compare")
+        await fill(page, "eval_tokens", EVAL_TOKENS)
+        await click(page, "evaluate_run")
+        await page.get_by_text("tokens scored:").first.wait_for()
+        record["compared"] = time.perf_counter() - step
+        record["total"] = time.perf_counter() - started
+        if await page.get_by_test_id("stException").count():
+            record["errors"].append("an exception box on the page")
+    except Exception as err:  # noqa: BLE001 - a benchmark counts errors, it does not stop on one
+        record["errors"].append(f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+    finally:
+        await context.close()
+
+
+async def sessions(url: str, count: int, choices: str) -> list[dict]:
+    from playwright.async_api import async_playwright
+
+    records = [{"session": i, "block_n": 6 if choices == "same" else 2 + i % 8, "switches": [], "errors": []}
+               for i in range(count)]
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            await asyncio.gather(*(flow(browser, url, r["block_n"], r) for r in records))
+        finally:
+            await browser.close()
+    return records
+
+
+# --- a cell: N sessions with the same or different choices ---------------------------------------------------
+
+def quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summary(records: list[dict]) -> dict:
+    out = {}
+    for step in (*STEPS, "total"):
+        values = [r[step] for r in records if step in r]
+        out[step] = {"median_s": statistics.median(values) if values else None, "p95_s": quantile(values, 0.95),
+                     "finished": len(values)}
+    switches = [s for r in records for s in r["switches"]]
+    out["page_switch"] = {"median_s": statistics.median(switches) if switches else None,
+                          "p95_s": quantile(switches, 0.95), "count": len(switches)}
+    out["errors"] = sum(len(r["errors"]) for r in records)
+    out["saw_queue_place"] = sum("place" in r.get("queue_text", "") for r in records)
+    return out
+
+
+def run_cell(count: int, choices: str, precomputed: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ghosted-load-") as tmp:
+        server, url = start_server(Path(tmp), precomputed)
+        try:
+            with PeakMemory(server.pid) as memory:
+                idle_mib = tree_rss_mib(server.pid)
+                started = time.perf_counter()
+                records = asyncio.run(sessions(url, count, choices))
+                wall = time.perf_counter() - started
+        finally:
+            stop(server, grace_s=30)
+    return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
+            "server_idle_mib": idle_mib, "server_peak_mib": memory.peak, **summary(records),
+            "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count()}
+
+
+# --- the report -----------------------------------------------------------------------------------------
+
+def cell_name(cell: dict) -> str:
+    return f"{cell['sessions']}-{cell['choices']}{'-precomputed' if cell['precomputed'] else ''}"
+
+
+def load_results() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"cells": {}}
+
+
+def seconds(entry: dict) -> str:
+    if entry.get("median_s") is None:
+        return "-"
+    return f"{entry['median_s']:.0f} / {entry['p95_s']:.0f}"
+
+
+def report_table(results: dict) -> str:
+    header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
+              "compared s", "whole flow s", "page switch while jobs run s", "saw their place", "errors",
+              "server peak MiB"]
+    rows = []
+    for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
+        switch = cell["page_switch"]
+        rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no",
+                     seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
+                     seconds(cell["total"]), seconds(switch) if switch["count"] else "-",
+                     f"{cell['saw_queue_place']} of {cell['sessions']}", cell["errors"],
+                     f"{cell['server_peak_mib']:.0f}"])
+    return table(header, rows)
+
+
+def deploy_sentence(results: dict) -> str:
+    cells = results["cells"]
+    measured = ", ".join(f"{c['sessions']} session(s) with {c['choices']} choices" for c in
+                         sorted(cells.values(), key=lambda c: (c["choices"], c["sessions"])))
+    largest = max(cells.values(), key=lambda c: (c["sessions"], c["choices"] == "different"))
+    return (f"Measured with `python -m bench.load` on {largest['cores']} cores ({largest['date']}): {measured}. "
+            f"With {largest['sessions']} sessions following the teaching flow with {largest['choices']} choices, "
+            f"the median session had its compared results after {largest['total']['median_s']:.0f} s "
+            f"(95th percentile {largest['total']['p95_s']:.0f} s), page switches while jobs ran took "
+            f"{seconds(largest['page_switch'])} s (median / p95), {largest['errors']} error(s), and the server "
+            f"peaked at {largest['server_peak_mib'] / 1024:.1f} GiB. The full table is in docs/BENCHMARKS.md "
+            "(section \"A class at once\").")
+
+
+def write_report(results: dict, argv: list[str] | None) -> None:
+    body = (report_table(results) + "\n\nTimes are per session, from opening the app (influence) or from the "
+            "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
+            "title, while that session's run was being computed. Cells not listed were not run.")
+    write_section("load", "A class at once: N browser sessions on one demo server", argv, body)
+    text = DEPLOY.read_text()
+    block = f"<!-- load:classroom -->\n{deploy_sentence(results)}\n<!-- /load:classroom -->"
+    if "<!-- load:classroom -->" in text:
+        text = re.sub(r"<!-- load:classroom -->.*?<!-- /load:classroom -->", lambda m: block, text, flags=re.S)
+        DEPLOY.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", default="1,10", help="comma list of session counts")
+    p.add_argument("--choices", default="same,different", help="same, different or both")
+    p.add_argument("--precomputed", action="store_true", help="run scripts/precompute.py before the sessions")
+    p.add_argument("--report", action="store_true", help="only rewrite the docs from bench/results/load.json")
+    args = p.parse_args(argv)
+    results = load_results()
+    if not args.report:
+        for count in (int(n) for n in args.sessions.split(",")):
+            for choices in (c.strip() for c in args.choices.split(",")):
+                if choices not in ("same", "different"):
+                    raise SystemExit(f"--choices: same or different, got {choices!r}")
+                print(f"== {count} session(s), {choices} choices", file=sys.stderr)
+                cell = run_cell(count, choices, args.precomputed)
+                results["cells"][cell_name(cell)] = cell
+                RESULTS.parent.mkdir(parents=True, exist_ok=True)
+                RESULTS.write_text(json.dumps(results, indent=1))  # each cell kept as soon as it is measured
+                print(json.dumps({k: v for k, v in cell.items() if k != "records"}, indent=1), file=sys.stderr)
+    write_report(results, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""The app's one backend: everything its pages use from the library, named in one module.
+
+The pages (``pages/*.py``, helpers included) import from ``ghosted`` only this module (or the session API),
+a rule of ``tests/unit/project/test_layout.py``. What they compute goes through typed requests
+(``workbench``) and the job queue (``jobs``); what is left here are the facts a page shows (a model's
+layers and width, a method's help, the criteria's table) and the few actions that are not heavy jobs
+(loading the cached model, saving a variant on a workstation).
+"""
+
+from ghosted.core.progress import Progress
+from ghosted.data.sources import SourceUnavailableError, TextSource
+from ghosted.evaluation.zeroshot import parse_tasks
+from ghosted.experiments import links, workbench
+from ghosted.experiments.deploy import DeployConfig, from_env
+from ghosted.experiments.jobs import JobQueue, JobStatus
+from ghosted.experiments.spec import command
+from ghosted.models.architecture import describe, hidden_size, layer_param_count, num_layers
+from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.models.loading import LoadedModel, ModelLoadError, versions
+from ghosted.models.pruning import format_layers
+from ghosted.operators.checkpoint import load_any, save_recovered
+from ghosted.recovery.diagnostics import directions_holding, removed_shares
+from ghosted.recovery.fitting import METHODS
+from ghosted.recovery.methods import (BASELINE_METHOD, RECOVERY, TRAINED_METHODS, help_text, label_of,
+                                      with_role)
+from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
+
+__all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "JobQueue", "JobStatus", "LoadedModel",
+           "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
+           "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding", "format_layers",
+           "from_env", "help_text", "hidden_size", "label_of", "layer_param_count", "links", "load_any",
+           "num_layers", "parse_tasks", "removed_shares", "save_recovered", "versions", "with_role", "workbench"]

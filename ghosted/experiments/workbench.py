@@ -1,0 +1,322 @@
+"""What the app computes, as typed requests and typed results: one backend for every page.
+
+Each heavy action of the app is a frozen request (``InfluenceRequest``, ``FitRequest``, ``EvalRequest``,
+``ZeroShotRequest``, ``GenerationRequest``) holding every choice that changes its result, so that
+
+  * ``request.key()`` names the result (``ghosted.experiments.store.request_key``): identical requests of
+    different sessions get one computation and one shared, read-only result;
+  * ``request.check(cfg)`` refuses what the deployment forbids before anything is queued;
+  * ``request.compute(lm, progress, ...)`` runs it (in a worker of ``ghosted.experiments.jobs``), through
+    the same library calls as the command line (the spec, ``fit_spec``, the shared-prefix perplexity).
+
+A session keeps only its requests; the results live in the process-wide store (``shared_store``), so a
+session's memory stays small and an idle session's results can be released and found again (from the
+store's disk copy, or computed again). The page defaults are the requests' defaults: the precompute script
+(``scripts/precompute.py``) fills the store with exactly what a visitor following them asks for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import pandas as pd
+
+from ghosted import __version__
+from ghosted.data.sources import TextSource
+from ghosted.experiments import codecs
+from ghosted.experiments.deploy import DeployConfig
+from ghosted.experiments.spec import CalibrationSpec, ExperimentSpec
+from ghosted.experiments.results import Evaluation, FittedRun, Generations, Influence, ZeroShot
+from ghosted.experiments.store import Codec, ResultStore, request_key
+from ghosted.models.assets import BUNDLED_MODEL, cache_dir
+
+DEFAULT_MODEL = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "device_map": None,
+                 "trust_remote_code": False}  # what the Model page loads unless told otherwise
+DEFAULT_CRITERIA = ("streamline_cosine", "angular_all", "block_influence", "recoverability")  # Influence page
+DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
+HELDOUT_WINDOWS = 4  # held-out windows drawn for influence criteria that need them (cost "heldout")
+LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
+PRESETS = {  # preset -> (criterion, what it picks); the Influence page's presets of n layers
+    "Streamline block of n": ("streamline_cosine", "the contiguous block whose input and output are most alike"),
+    "ShortGPT n": ("block_influence", "the n layers with the lowest Block Influence, anywhere"),
+    "most recoverable block of n": ("recoverability", "the contiguous block a ghost operator restores best"),
+}
+
+
+def model_key(spec: dict) -> str:
+    """A string naming everything that changes the loaded model; tags requests with their model."""
+    return "|".join(str(spec.get(k)) for k in DEFAULT_MODEL)
+
+
+BUNDLED_KEY = model_key(DEFAULT_MODEL)  # the bundled model as the app loads it by default
+
+
+def text_identity(text) -> dict:
+    """What names a text in a key: a source name, a local file's size and time, an upload's sha256."""
+    if isinstance(text, TextSource):
+        digest = hashlib.sha256("\x00".join(text.documents).encode()).hexdigest()
+        return {"name": text.name, "sha256": digest}
+    name = str(text)
+    path = Path(name).expanduser()
+    if not name.startswith("bundled:") and path.is_file():
+        stat = path.stat()
+        return {"name": name, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {"name": name}
+
+
+def text_name(text) -> str:
+    """How a text is named in tables and recipes."""
+    return getattr(text, "name", text)
+
+
+def _key_fields(request) -> dict:
+    """Every field of a request, texts by their identity and nested requests by their key."""
+    out = {"ghosted": __version__}
+    for f in fields(request):
+        value = getattr(request, f.name)
+        if f.name == "text":
+            value = text_identity(value)
+        elif hasattr(value, "key"):
+            value = value.key()
+        out[f.name] = value
+    return out
+
+
+class _Request:
+    """What every request shares: its key, from every field."""
+
+    kind = ""
+
+    def key(self) -> str:
+        return request_key(self.kind, _key_fields(self))
+
+
+# --- influence ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class InfluenceRequest(_Request):
+    """The Influence page's measurement: criteria on ``n_seqs`` x ``seq_len`` tokens of ``text``."""
+
+    model: str = BUNDLED_KEY  # model key
+    text: object = "bundled:news"  # source name or TextSource
+    n_seqs: int = 16  # windows measured
+    seq_len: int = 128  # tokens per window
+    rec_n: tuple[int, ...] = (6,)  # block sizes of the recoverability criteria (each adds a ghost fit)
+    metrics: tuple[str, ...] = DEFAULT_CRITERIA  # criteria computed
+    kind = "influence"
+
+    @property
+    def heldout(self) -> int:
+        from ghosted.selection.criteria import CRITERIA
+
+        return HELDOUT_WINDOWS if any(CRITERIA[m].cost == "heldout" for m in self.metrics if m in CRITERIA) else 0
+
+    def check(self, cfg: DeployConfig) -> None:
+        from ghosted.selection.criteria import RECOVERABILITY
+
+        if not self.metrics:
+            raise ValueError("Choose at least one criterion.")
+        if set(self.metrics) & RECOVERABILITY and not self.rec_n:
+            raise ValueError("Recoverability needs at least one block size n.")
+        cfg.check_criteria(self.metrics)  # demo: no pass per layer, no backward pass
+        cfg.check_calibration(self.n_seqs, self.seq_len, self.heldout)
+
+    def compute(self, lm, progress=None) -> Influence:
+        from ghosted.selection.criteria import InfluenceConfig, influence
+
+        calibration = CalibrationSpec(source=text_name(self.text), count=self.n_seqs, length=self.seq_len,
+                                      heldout=self.heldout, seed=0)
+        fit, held = calibration.windows(lm.tokenizer, text=self.text)
+        config = InfluenceConfig(metrics=list(self.metrics), recoverability_n_values=sorted(self.rec_n) or None)
+        report = influence(lm.model, fit, config, heldout=held, progress=progress)
+        return Influence(self.model, report, fit.protocol)
+
+
+def apply_preset(report, preset: str, n: int) -> tuple[list[int], str]:
+    """The layers a preset of the Influence page picks from ``report`` (and why)."""
+    from ghosted.selection.rules import select
+
+    if preset not in PRESETS:
+        raise ValueError(f"Unknown preset {preset!r}; choose from {', '.join(PRESETS)}.")
+    return select(report, PRESETS[preset][0], n)
+
+
+# --- calibration and fit ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FitRequest(_Request):
+    """The Calibrate & recover page's run: calibrate on ``text``, drop ``layers``, fit ``methods``."""
+
+    model: str = BUNDLED_KEY  # model key
+    text: object = "bundled:news"  # source name or TextSource
+    layers: tuple[int, ...] = ()  # the layers to drop
+    n_seqs: int = 32  # windows the operators are fitted on
+    seq_len: int = 128  # tokens per window
+    heldout: int = 4  # extra windows never fitted: the held-out errors
+    seed: int = 0  # which windows are drawn
+    methods: tuple[str, ...] = DEFAULT_METHODS  # fitted besides plain pruning
+    mode: str = "independent"  # ghost mode: independent (paper) or sequential
+    batch: int = 4  # windows per forward pass
+    granularity: str = "auto"  # one operator per block, per layer, or auto
+    kind = "fit"
+
+    def check(self, cfg: DeployConfig, n_layers: int) -> None:
+        if not self.layers:
+            raise ValueError("Choose at least one layer to drop (Influence page) first.")
+        if len(set(self.layers)) >= n_layers:
+            raise ValueError(f"That drops all {n_layers} layers: keep at least one.")
+        cfg.check_calibration(self.n_seqs, self.seq_len, self.heldout)
+
+    def spec(self, lm) -> ExperimentSpec:
+        """The same spec ``python -m ghosted run`` builds from its flags."""
+        from ghosted.models.pruning import format_layers
+
+        return ExperimentSpec().with_options(
+            model=lm.source, calib=text_name(self.text), calib_seqs=self.n_seqs, seq_len=self.seq_len,
+            heldout_seqs=self.heldout, seed=self.seed, drop=format_layers(list(self.layers)),
+            methods=["dense", "none", *self.methods], ghost_mode=self.mode, granularity=self.granularity,
+            batch_size=self.batch, device=lm.device, dtype=lm.dtype, cache=True)  # statistics shared on disk
+
+    def compute(self, lm, progress=None) -> FittedRun:
+        from ghosted.experiments.run import fit_spec
+
+        started, windows = time.perf_counter(), {}
+        spec = self.spec(lm)
+        run = fit_spec(spec, lm, list(self.layers), progress, text=self.text,
+                       on_windows=lambda fit, held: windows.update(fit=fit, held=held))
+        if progress is not None:
+            progress("spectra and errors", 0, 1)
+        frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
+                  "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
+                  "positions": run.position_shares(), "choices": run.choices()}
+        held = windows["held"]
+        return FittedRun(model=self.model, run=run, config=spec, layers=list(self.layers),
+                         methods=["none", *self.methods], frames=frames, protocol=windows["fit"].protocol,
+                         heldout_protocol=held.protocol if held else None, seconds=time.perf_counter() - started)
+
+
+def variants(lm, fitted: FittedRun) -> dict:
+    """Dense model first, then the pruned one, then each recovered model (new objects; never modified)."""
+    return {"dense": lm.model, **{label(m): r.model for m, r in fitted.run.results.items()}}
+
+
+def label(method: str) -> str:
+    """Display name of a method, from the registry: 'none' is the plainly pruned model ('pruned')."""
+    from ghosted.recovery.methods import label_of
+
+    return label_of(method)
+
+
+# --- measurements on a fitted run ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EvalRequest(_Request):
+    """The Compare page's perplexity: ``tokens`` of ``text`` in windows of ``window``."""
+
+    fit: FitRequest = field(default_factory=FitRequest)  # the run whose variants are scored
+    text: object = "bundled:wiki"  # source name or TextSource (its evaluation part)
+    tokens: int = 4096  # tokens to score
+    window: int = 512  # tokens per window
+    kind = "evaluate"
+
+    def check(self, cfg: DeployConfig) -> None:
+        cfg.check_eval(self.tokens)
+
+    def compute(self, lm, fitted: FittedRun, progress=None) -> Evaluation:
+        from ghosted.data.windows import evaluation_windows
+        from ghosted.evaluation.perplexity import forward_latency
+        from ghosted.evaluation.shared_prefix import perplexities
+        from ghosted.models.architecture import describe
+
+        windows = evaluation_windows(lm.tokenizer, self.text, self.tokens, self.window)
+        models = variants(lm, fitted)
+        results = perplexities(models, windows, batch_size=fitted.config.calibration.batch_size, progress=progress)
+        prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
+        rows = []
+        for i, (name, model) in enumerate(models.items()):
+            if progress is not None:
+                progress("latency", i, len(models))
+            facts, res = describe(model), results[name]
+            rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
+                         "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
+                         "parameters": facts["parameters"], "memory (MB)": facts["memory_mb"],
+                         "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
+        return Evaluation(pd.DataFrame(rows), dict(next(iter(results.values())).protocol))
+
+
+@dataclass(frozen=True)
+class ZeroShotRequest(_Request):
+    """The Compare page's zero-shot scores: ``tasks`` with ``limit`` examples each."""
+
+    fit: FitRequest = field(default_factory=FitRequest)
+    tasks: tuple[str, ...] = ("bundled-lastword",)  # task names
+    limit: int = 100  # examples per task
+    kind = "zeroshot"
+
+    def check(self, cfg: DeployConfig) -> None:
+        if not self.tasks:
+            raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
+
+    def compute(self, lm, fitted: FittedRun, progress=None) -> ZeroShot:
+        from ghosted.evaluation.zeroshot import evaluate_tasks
+
+        run = evaluate_tasks(variants(lm, fitted), lm.tokenizer, list(self.tasks), limit=self.limit,
+                             batch_size=fitted.config.calibration.batch_size, progress=progress)
+        notes = [f"zero-shot: skipping {task}: {why}" for task, why in run.skipped.items()]
+        return ZeroShot(run.frame, run.protocols, run.skipped, notes)
+
+
+@dataclass(frozen=True)
+class GenerationRequest(_Request):
+    """The Compare page's generations: ``new_tokens`` greedy tokens after each prompt, per variant."""
+
+    fit: FitRequest = field(default_factory=FitRequest)
+    prompts: tuple[str, ...] = ()  # non-empty lines
+    new_tokens: int = 24  # tokens generated per prompt
+    chat: bool = False  # wrap each prompt in the chat template
+    kind = "generate"
+
+    def check(self, cfg: DeployConfig) -> None:
+        if not self.prompts:
+            raise ValueError("Type at least one prompt.")
+        cfg.check_generation(self.new_tokens)
+
+    def compute(self, lm, fitted: FittedRun, progress=None) -> Generations:
+        from ghosted.evaluation.generation import GenerationConfig, generate
+
+        gen = GenerationConfig(max_new_tokens=self.new_tokens, chat=self.chat)
+        outputs = {}
+        models = variants(lm, fitted)
+        for i, (name, model) in enumerate(models.items()):
+            if progress is not None:
+                progress("generating", i, len(models))
+            outputs[name] = generate(model, lm.tokenizer, list(self.prompts), gen)
+        return Generations(list(self.prompts), outputs)
+
+
+# --- the shared store ---------------------------------------------------------------------------------
+
+def results_dir() -> Path:
+    """Where precomputed and finished results are kept (``$GHOSTED_RESULTS`` overrides)."""
+    env = os.environ.get("GHOSTED_RESULTS")
+    return Path(env) if env else cache_dir() / "results"
+
+
+def bound_stats_cache(cfg: DeployConfig) -> None:
+    """Apply the deployment's bound on the statistics cache to this process (an explicit
+    ``$GHOSTED_STATS_CACHE_GB`` wins): the app and the precompute script share the cache."""
+    if cfg.stats_cache_gb is not None:
+        os.environ.setdefault("GHOSTED_STATS_CACHE_GB", str(cfg.stats_cache_gb))
+
+
+def shared_store(max_entries: int = 64, idle_s: float | None = None, folder: str | Path | None = None) -> ResultStore:
+    """A result store with the codecs of every result that has a plain-JSON form."""
+    return ResultStore(max_entries=max_entries, idle_s=idle_s, folder=folder or results_dir(),
+                       codecs={"influence": Codec(codecs.encode_influence, codecs.decode_influence),
+                               "evaluate": Codec(codecs.encode_evaluation, codecs.decode_evaluation),
+                               "zeroshot": Codec(codecs.encode_zeroshot, codecs.decode_zeroshot),
+                               "generate": Codec(asdict, codecs.decode_generations)})

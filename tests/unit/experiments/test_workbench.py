@@ -1,0 +1,94 @@
+"""The app's backend: typed requests whose keys name every choice, computed on a tiny model, and their
+results written to and read back from the shared store's disk copy (checked as untrusted input)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ghosted.data.sources import TextSource
+from ghosted.experiments import workbench as wb
+from ghosted.experiments.deploy import DEMO, LOCAL
+from ghosted.experiments.store import PREFIX
+from tests.tiny import tiny_loaded
+
+SMALL_FIT = dict(layers=(2, 3), n_seqs=4, seq_len=24, heldout=2, methods=("ghost",), batch=2)
+
+
+def test_keys_change_with_every_choice_and_only_with_them():
+    base = wb.FitRequest(**SMALL_FIT)
+    assert base.key() == wb.FitRequest(**SMALL_FIT).key()
+    for change in ({"layers": (2, 4)}, {"seed": 1}, {"methods": ("ghost", "replaceme-ls")}, {"text": "bundled:wiki"},
+                   {"model": "other|auto|auto|None|False"}, {"mode": "sequential"}):
+        assert wb.FitRequest(**{**SMALL_FIT, **change}).key() != base.key(), change
+    assert wb.EvalRequest(fit=base).key() != wb.EvalRequest(fit=wb.FitRequest(**{**SMALL_FIT, "seed": 1})).key()
+    assert wb.EvalRequest(fit=base, tokens=1024).key() != wb.EvalRequest(fit=base).key()
+
+
+def test_an_upload_is_named_by_its_content():
+    one, same, other = (TextSource.from_string("notes.txt", t) for t in ("alpha beta", "alpha beta", "alpha gamma"))
+    keys = [wb.InfluenceRequest(text=t).key() for t in (one, same, other)]
+    assert keys[0] == keys[1] != keys[2]
+
+
+def test_requests_refuse_what_the_deployment_forbids():
+    with pytest.raises(ValueError, match="at least one layer"):
+        wb.FitRequest().check(LOCAL, 30)
+    with pytest.raises(ValueError, match="keep at least one"):
+        wb.FitRequest(layers=tuple(range(6))).check(LOCAL, 6)
+    with pytest.raises(ValueError, match="calibration tokens"):
+        wb.FitRequest(layers=(3,), n_seqs=512).check(DEMO, 30)
+    with pytest.raises(ValueError, match="evaluation tokens"):
+        wb.EvalRequest(tokens=100_000).check(DEMO)
+    with pytest.raises(ValueError, match="does not compute"):
+        wb.InfluenceRequest(metrics=("ppl_single",)).check(DEMO)
+    with pytest.raises(ValueError, match="at least one criterion"):
+        wb.InfluenceRequest(metrics=()).check(LOCAL)
+    with pytest.raises(ValueError, match="new tokens"):
+        wb.GenerationRequest(prompts=("Hi",), new_tokens=1000).check(DEMO)
+
+
+def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
+    lm = tiny_loaded(layers=6)
+    influence = wb.InfluenceRequest(model="tiny", n_seqs=4, seq_len=24, rec_n=(2,),
+                                    metrics=("streamline_cosine", "block_influence"))
+    measured = influence.compute(lm)
+    layers, reason = wb.apply_preset(measured.report, "Streamline block of n", 2)
+    assert len(layers) == 2 and layers[1] == layers[0] + 1 and reason
+    fit = wb.FitRequest(model="tiny", **{**SMALL_FIT, "layers": tuple(layers)})
+    fitted = fit.compute(lm)
+    assert fitted.methods == ["none", "ghost"] and fitted.layers == layers and fitted.evaluation is None
+    assert set(fitted.frames) >= {"errors", "spectra", "asymmetry"}
+    evaluation = wb.EvalRequest(fit=fit, tokens=96, window=24).compute(lm, fitted)
+    assert list(evaluation.table.variant) == ["dense", "pruned", "ghost"]
+    assert fitted.with_results(evaluation=evaluation).evaluation is evaluation and fitted.evaluation is None
+
+    store = wb.shared_store(folder=tmp_path)
+    store.put(influence.key(), measured, kind="influence")
+    store.put("evaluate-1", evaluation, kind="evaluate")
+    store.put(fit.key(), fitted, kind="fit")  # no plain-JSON form: memory only
+    fresh = wb.shared_store(folder=tmp_path)
+    again = fresh.get(influence.key())
+    assert again.protocol == measured.protocol and again.report.num_layers == 6
+    assert again.report.layer_values("block_influence").tolist() == pytest.approx(
+        measured.report.layer_values("block_influence").tolist())
+    assert wb.apply_preset(again.report, "Streamline block of n", 2)[0] == layers
+    assert fresh.get("evaluate-1").table.perplexity.tolist() == pytest.approx(evaluation.table.perplexity.tolist())
+    assert fresh.get(fit.key()) is None
+
+
+@pytest.mark.parametrize("kind, result", [
+    ("evaluate", {"table": [{"variant": "dense", "perplexity": "oops", "nll": 1.0}], "protocol": {}}),
+    ("evaluate", {"table": [{"variant": "dense", "nll": 1.0}], "protocol": {}}),
+    ("evaluate", {"table": [{"variant": {"nested": 1}, "perplexity": 1.0, "nll": 1.0}], "protocol": {}}),
+    ("influence", {"model": "m", "protocol": {}, "num_layers": -3, "meta": {}, "blocks": [], "layers": []}),
+    ("influence", {"model": "m", "protocol": {}, "num_layers": 4, "meta": {}, "blocks": "x", "layers": []}),
+    ("generate", {"prompts": ["a", "b"], "outputs": {"dense": ["only one"]}}),
+])
+def test_a_tampered_result_file_is_refused(tmp_path, kind, result):
+    key = f"{kind}-abc"
+    (tmp_path / f"{PREFIX}{key}.json").write_text(json.dumps({"format": 1, "key": key, "kind": kind,
+                                                               "result": result}))
+    with pytest.warns(RuntimeWarning, match="unreadable stored result"):
+        assert wb.shared_store(folder=tmp_path).get(key) is None
