@@ -56,3 +56,27 @@ def generate(model: nn.Module, tokenizer, prompts: list[str] | str,
                          use_cache=cfg.use_cache, pad_token_id=tokenizer.pad_token_id, **sampling)
     new_tokens = out[:, batch["input_ids"].shape[1]:]  # (B, new)
     return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+
+
+def first_departure(reference: str, text: str, tokenizer) -> int | None:
+    """The token position (0-based, in ``reference``'s tokens) where ``text`` first departs from
+    ``reference``; None when one continues the other to its end (no departure in what was generated).
+
+    Both are tokenized the same way, so a shared prefix of text is a shared prefix of tokens.
+    """
+    ref = list(tokenizer(reference, add_special_tokens=False)["input_ids"])
+    got = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    for i, (a, b) in enumerate(zip(ref, got)):
+        if a != b:
+            return i
+    return None if len(ref) == len(got) else min(len(ref), len(got))
+
+
+def departures(outputs: dict[str, list[str]], tokenizer, reference: str = "dense") -> dict[str, list[int | None]]:
+    """For every model but ``reference``, per prompt, where its greedy continuation first departs from the
+    reference model's (``first_departure``); {} when the reference was not generated."""
+    if reference not in outputs:
+        return {}
+    ref = outputs[reference]
+    return {name: [first_departure(r, t, tokenizer) for r, t in zip(ref, texts)]
+            for name, texts in outputs.items() if name != reference}

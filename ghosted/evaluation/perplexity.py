@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ghosted.models.capture import input_device
 from ghosted.core.progress import Progress, counted
 from ghosted.core.guards import NonFiniteError, nonfinite_cause
+from ghosted.evaluation.scores import WindowScores, score_logits, summarize
 
 
 @dataclass
@@ -24,6 +24,8 @@ class PerplexityResult:
     scored_tokens: int
     seconds: float
     protocol: dict = field(default_factory=dict)
+    scores: WindowScores | None = None  # per-window sums: what the intervals resample
+    summary: dict = field(default_factory=dict)  # ppl interval, KL/top-1 to the reference, paired differences
 
     def __str__(self) -> str:
         p = self.protocol
@@ -38,26 +40,25 @@ def model_dtype_device(model: nn.Module) -> tuple[str, str]:
 
 
 @torch.no_grad()
+def model_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+    """Logits (B, T, V) of one forward pass over a (B, T) batch, on the model's input device."""
+    device = input_device(model)
+    mask = None if attention_mask is None else attention_mask.to(device)
+    return model(input_ids=input_ids.to(device), attention_mask=mask, use_cache=False).logits
+
+
 def window_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
                ) -> tuple[float, int]:
     """Summed next-token NLL (float64) and the number of scored tokens for a (B, T) batch."""
-    device = input_device(model)
-    input_ids = input_ids.to(device)
-    mask = None if attention_mask is None else attention_mask.to(device)
-    logits = model(input_ids=input_ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
-    return nll_from_logits(logits, input_ids, mask)
+    return nll_from_logits(model_logits(model, input_ids, attention_mask), input_ids, attention_mask)
 
 
 def nll_from_logits(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor | None
                     ) -> tuple[float, int]:
     """Summed NLL of tokens 1..T-1 given their prefixes; padding targets are not scored."""
-    targets = input_ids[:, 1:].to(logits.device)  # (B, T-1)
-    shift = logits[:, :-1].float()  # (B, T-1, V)
-    nll = F.cross_entropy(shift.reshape(-1, shift.size(-1)), targets.reshape(-1), reduction="none")
-    if mask is not None:
-        keep = mask[:, 1:].reshape(-1).to(nll.device).bool()
-        nll = nll[keep]
-    return float(nll.double().sum()), int(nll.numel())
+    scores, _ = score_logits(logits, input_ids, mask)
+    return scores.total_nll, scores.total_tokens
 
 
 def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progress | None = None,
@@ -73,18 +74,25 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
     started = time.perf_counter()
     require_scored_tokens(windows, label)
     ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
-    total_nll, total_tokens = 0.0, 0
+    parts = []
     for start in counted(range(0, ids.size(0), batch_size), progress, label):
+        batch_ids = ids[start:start + batch_size]  # (B, T)
         batch_mask = None if mask is None else mask[start:start + batch_size]
-        nll, count = window_nll(model, ids[start:start + batch_size], batch_mask)
-        total_nll += nll
-        total_tokens += count
+        parts.append(score_logits(model_logits(model, batch_ids, batch_mask), batch_ids, batch_mask)[0])
+    scores = WindowScores.concat(parts)
+    return scored_result(scores, time.perf_counter() - started, model, windows, label,
+                         summarize({label: scores})[label])
+
+
+def scored_result(scores: WindowScores, seconds: float, model: nn.Module, windows, label: str,
+                  summary: dict) -> PerplexityResult:
+    """The PerplexityResult of ``scores`` with its protocol, after the checks of ``mean_nll``."""
     dtype, device = model_dtype_device(model)
-    mean = mean_nll(total_nll, total_tokens, windows, label, dtype)
+    mean = mean_nll(scores.total_nll, scores.total_tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
-                "scored_tokens": total_tokens}
-    return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=total_tokens,
-                            seconds=time.perf_counter() - started, protocol=protocol)
+                "scored_tokens": scores.total_tokens}
+    return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=scores.total_tokens, seconds=seconds,
+                            protocol=protocol, scores=scores, summary=summary)
 
 
 def require_scored_tokens(windows, label: str = "perplexity") -> int:

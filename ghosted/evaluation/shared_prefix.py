@@ -24,19 +24,18 @@ Example:
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from ghosted.models.architecture import embedding_of, layers_of, num_layers
 from ghosted.models.capture import input_device, tap
 from ghosted.core.progress import Progress, counted
-from ghosted.evaluation.perplexity import (PerplexityResult, mean_nll, model_dtype_device, nll_from_logits, perplexity,
-                                           require_scored_tokens)
+from ghosted.evaluation.perplexity import PerplexityResult, model_logits, require_scored_tokens, scored_result
+from ghosted.evaluation.scores import Reference, WindowScores, score_logits, summarize
 from ghosted.models.pruning import build_variant, original_indices
 
 
@@ -99,60 +98,69 @@ class SuffixView:
                         use_cache=False).logits
 
 
-@dataclass
-class _Tally:
-    """Running NLL sum, token count and seconds of one variant."""
-
-    nll: float = 0.0
-    tokens: int = 0
-    seconds: float = 0.0
-
-
 def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, share: bool = True,
-                 progress: Progress | None = None) -> dict[str, PerplexityResult]:
+                 progress: Progress | None = None, reference: str | None = "dense",
+                 baselines=("none", "ghost")) -> dict[str, PerplexityResult]:
     """Perplexity of every model on ``windows``, sharing the leading layers they have in common.
 
-    Equal to ``{name: evaluate.perplexity(model, windows)}``. Each result's ``seconds`` is the
-    variant's suffix time plus an equal share of the prefix time. ``share=False`` skips sharing.
+    The perplexities equal ``{name: evaluate.perplexity(model, windows)}``. Each result's ``summary``
+    adds (``ghosted.evaluation.scores.summarize``) the perplexity's interval, the KL divergence from
+    and top-1 agreement with the ``reference`` model's next-token distribution (when it is one of
+    ``models``; its logits are in the same pass) and the paired perplexity difference from each of
+    ``baselines`` that was scored. Each result's ``seconds`` is the variant's suffix time plus an
+    equal share of the prefix time. ``share=False`` skips sharing.
     """
     require_scored_tokens(windows, ", ".join(models))
     items = list(models.items())
     k = shared_prefix_length([m for _, m in items]) if share else 0
-    if k == 0:
-        return _separately(items, windows, batch_size, progress)
-    ref = items[0][1]
-    suffixes = {name: SuffixView(model, k) for name, model in items}
-    tallies = {name: _Tally() for name, _ in items}
+    order = sorted(items, key=lambda item: item[0] != reference)  # the reference first in each batch
+    parts = {name: [] for name, _ in items}
+    seconds = dict.fromkeys(parts, 0.0)
     ids, mask = windows.input_ids, getattr(windows, "attention_mask", None)
-    starts = range(0, ids.size(0), batch_size)
-    with tap(ref, boundaries=[k]) as prefix:
-        for start in counted(starts, progress, f"perplexity x{len(items)} (shared {k} layers)"):
+    label = f"perplexity x{len(items)} (shared {k} layers)" if k else f"perplexity x{len(items)}"
+    with _logit_sources(order, k) as sources:
+        for start in counted(range(0, ids.size(0), batch_size), progress, label):
             batch_ids = ids[start:start + batch_size]  # (B, T)
             batch_mask = None if mask is None else mask[start:start + batch_size]
             t0 = time.perf_counter()
-            hidden = prefix.run(batch_ids, batch_mask).resid[k]  # (B, T, d)
+            hidden = sources.prefix(batch_ids, batch_mask)  # (B, T, d), or None without a shared prefix
             share_s = (time.perf_counter() - t0) / len(items)
-            for name, suffix in suffixes.items():
+            ref = None
+            for name, logits_of in sources.variants.items():
                 t1 = time.perf_counter()
-                logits = suffix.logits(hidden, batch_ids, batch_mask)  # (B, T, V)
-                nll, count = nll_from_logits(logits, batch_ids.to(logits.device), batch_mask)
-                tally = tallies[name]
-                tally.nll, tally.tokens = tally.nll + nll, tally.tokens + count
-                tally.seconds += time.perf_counter() - t1 + share_s
-    return {name: _result(tallies[name], model, windows, name) for name, model in items}
-
-
-def _separately(items, windows, batch_size, progress) -> dict[str, PerplexityResult]:
-    """Plain ``perplexity`` per model (nothing to share); one progress stage per model."""
-    return {name: perplexity(model, windows, batch_size=batch_size, progress=progress, label=name)
+                logits = logits_of(hidden, batch_ids, batch_mask)  # (B, T, V)
+                batch, logprobs = score_logits(logits, batch_ids, batch_mask, ref)
+                if name == reference:
+                    ref = Reference.of(logprobs)
+                    batch.kl, batch.agree = np.zeros_like(batch.nll), batch.tokens.astype(np.float64)
+                parts[name].append(batch)
+                seconds[name] += time.perf_counter() - t1 + share_s
+    scores = {name: WindowScores.concat(parts[name]) for name, _ in items}
+    summaries = summarize(scores, baselines)
+    return {name: scored_result(scores[name], seconds[name], model, windows, name, summaries[name])
             for name, model in items}
 
 
-def _result(tally: _Tally, model: nn.Module, windows, label: str) -> PerplexityResult:
-    """The same PerplexityResult (and protocol) that ``evaluate.perplexity`` reports, with its checks."""
-    dtype, device = model_dtype_device(model)
-    mean = mean_nll(tally.nll, tally.tokens, windows, label, dtype)
-    protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
-                "scored_tokens": tally.tokens}
-    return PerplexityResult(ppl=math.exp(mean), nll=mean, scored_tokens=tally.tokens,
-                            seconds=tally.seconds, protocol=protocol)
+class _Sources:
+    """Where each variant's logits come from: the shared prefix's stream and each suffix, or the whole model."""
+
+    def __init__(self, prefix, variants: dict):
+        self.prefix = prefix  # (ids, mask) -> the stream (B, T, d) entering layer k, or None
+        self.variants = variants  # name -> (hidden, ids, mask) -> logits (B, T, V)
+
+
+@contextmanager
+def _logit_sources(items: list[tuple[str, nn.Module]], k: int):
+    """The prefix tap and suffix views when ``k`` layers are shared; else each model runs whole."""
+    if k == 0:
+        yield _Sources(lambda ids, mask: None,
+                       {name: _whole(model) for name, model in items})
+        return
+    suffixes = {name: SuffixView(model, k) for name, model in items}
+    with tap(items[0][1], boundaries=[k]) as prefix:
+        yield _Sources(lambda ids, mask: prefix.run(ids, mask).resid[k],
+                       {name: suffix.logits for name, suffix in suffixes.items()})
+
+
+def _whole(model: nn.Module):
+    return lambda hidden, ids, mask: model_logits(model, ids, mask)

@@ -159,10 +159,12 @@ def evaluate_setting(ctx: GridContext, layers: list[int], methods: list[str]) ->
     started = time.perf_counter()
     fitted = ctx.session.fit(layers, methods)
     done = time.perf_counter()
-    table = ctx.session.evaluate(fitted, reference=False, texts=ctx.cfg.evals)
+    # the reference (dense) in the same pass gives each method's KL and top-1 agreement; its own rows are
+    # the grid's dense rows, scored once per text, so they are left out here
+    table = ctx.session.evaluate(fitted, reference=True, texts=ctx.cfg.evals)
     tasks = ctx.session.tasks(fitted.models)
     timing = {"fit_seconds": round(done - started, 1), "eval_seconds": round(time.perf_counter() - done, 1)}
-    return table.records(), timing, tasks
+    return [r for r in table.records() if r["method"] in fitted.models], timing, tasks
 
 
 class GridJournal:
@@ -391,7 +393,8 @@ def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
     for source in dict.fromkeys(frame["eval"]):
         proto = meta.get("evaluation", {}).get(source, {})
         parts.append(f"**Perplexity on {source}** ({proto.get('scored_tokens', '?')} tokens scored in "
-                     f"{proto.get('n_windows', '?')} windows of {proto.get('seq_len', '?')}; lower is better)\n")
+                     f"{proto.get('n_windows', '?')} windows of {proto.get('seq_len', '?')}; lower is better; "
+                     "[95 % bootstrap interval over windows]; ns: the paired difference from none holds zero)\n")
         parts.append("| selection | n | layers | " + " | ".join(methods) + " |")
         parts.append("|---|---|---|" + "---|" * len(methods))
         sub = frame[frame["eval"] == source]
@@ -399,10 +402,41 @@ def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
             ppl = dict(zip(group.method, group.ppl))
             recovered = {m: v for m, v in ppl.items() if registry.role_of(m) == registry.RECOVERY}
             best = min(recovered, key=recovered.get) if recovered else None
-            cells = [_cell(ppl.get(m), m == best) for m in methods]
+            rows = {r["method"]: r for r in group.to_dict("records")}
+            cells = [_cell(ppl.get(m), m == best) + _interval_suffix(rows.get(m)) for m in methods]
             parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")
         parts.append("")
+        parts += fidelity_markdown(sub, methods, source)
     return "\n".join(parts).rstrip()
+
+
+def _known(row: dict | None, key: str) -> bool:
+    value = None if row is None else row.get(key)
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def _interval_suffix(row: dict | None) -> str:
+    """`` [low, high]`` (95 % bootstrap) and `` ns`` when the paired Δppl from the pruned model holds zero."""
+    if not _known(row, "ppl_low"):
+        return ""
+    ns = " ns" if _known(row, "d_none_significant") and not row["d_none_significant"] else ""
+    return f" [{row['ppl_low']:.2f}, {row['ppl_high']:.2f}]{ns}"
+
+
+def fidelity_markdown(sub: pd.DataFrame, methods: list[str], source: str) -> list[str]:
+    """A table of each method's KL from the dense model (nats per token) and top-1 agreement with it."""
+    if "kl" not in sub or sub.kl.isna().all():
+        return []
+    shown = [m for m in methods if registry.role_of(m) != registry.REFERENCE]
+    parts = [f"**Fidelity to the dense model on {source}** (mean per-token KL(dense ‖ model) in nats "
+             "[95 % interval] · top-1 agreement; lower KL, higher agreement is closer)\n",
+             "| selection | n | layers | " + " | ".join(shown) + " |", "|---|---|---|" + "---|" * len(shown)]
+    for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
+        rows = {r["method"]: r for r in group.to_dict("records")}
+        cells = [f"{rows[m]['kl']:.3f} [{rows[m]['kl_low']:.3f}, {rows[m]['kl_high']:.3f}] · "
+                 f"{100 * rows[m]['top1']:.1f}%" if _known(rows.get(m), "kl_low") else "n/a" for m in shown]
+        parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")
+    return [*parts, ""]
 
 
 def task_markdown(tasks: pd.DataFrame | None) -> str:

@@ -150,12 +150,44 @@ def _run(spec: ExperimentSpec, loaded, progress, state: _RunState) -> tuple[dict
     return report, state.run
 
 
+def _span(low, high, digits: int) -> str:
+    return "" if low is None or high is None else f"[{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def interval_cells(entry: dict) -> str:
+    """The perplexity's interval, the paired Δppl from the pruned model ("ns": its interval holds
+    zero), the KL from the dense model and the top-1 agreement with it, as fixed-width cells."""
+    ppl = _span(entry.get("ppl_low"), entry.get("ppl_high"), 2)
+    diff = ""
+    if entry.get("d_none") is not None:
+        mark = {False: " ns", None: " ?"}.get(entry.get("d_none_significant"), "")
+        diff = f"{entry['d_none']:+.2f} {_span(entry.get('d_none_low'), entry.get('d_none_high'), 2)}{mark}"
+    kl = "" if entry.get("kl") is None else f"{entry['kl']:.4f}"
+    top1 = "" if entry.get("top1") is None else f"{100 * entry['top1']:.1f}%"
+    return f"{ppl:>18}{diff:>28}{kl:>10}{top1:>8}"
+
+
+def interval_notes(report: dict) -> list[str]:
+    """What the interval columns mean, and which differences from ghost are not significant."""
+    results = [e for e in report["results"] if e.get("ppl_low") is not None]
+    if not results:
+        return []
+    notes = ["intervals: 95 % bootstrap over evaluation windows (seeded); Δppl vs pruned is paired (the same "
+             "windows for both), ns = its interval holds zero (not significant); KL dense = mean per-token "
+             "KL(dense || model) in nats, top-1 = agreement with the dense model's next token"]
+    same = [e["method"] for e in results if e.get("d_ghost_significant") is False]
+    if same:
+        notes.append(f"not significantly different from ghost: {', '.join(same)}")
+    return notes
+
+
 def format_table(report: dict) -> str:
     """A plain-text table of the report's results, with the protocol underneath."""
     sources = list(report["results"][0].get("ppl_by_source", {})) if report["results"] else []
     ppl_head = "".join(f"{'ppl ' + s[:10]:>16}" for s in sources) if sources else f"{'ppl':>12}"
     task_head, task_cells = task_columns(report)
-    head = f"{'method':<20}{ppl_head}{'held-out err':>14}{'calib s':>10}{'solve s':>10}{'params':>14}{task_head}"
+    head = (f"{'method':<20}{ppl_head}{'95% interval':>18}{'Δppl vs pruned':>28}{'KL dense':>10}{'top-1':>8}"
+            f"{'held-out err':>14}{'calib s':>10}{'solve s':>10}{'params':>14}{task_head}")
     lines = [head, "-" * len(head)]
     for e, tasks in zip(report["results"], task_cells):
         err = e.get("heldout_boundary_error")
@@ -165,8 +197,9 @@ def format_table(report: dict) -> str:
             ppl = "".join(f"{v:>16.3f}" for v in e["ppl_by_source"].values())
         else:
             ppl = f"{e['ppl']:>12.3f}"
-        lines.append(f"{e['method']:<20}{ppl}{'' if err is None else f'{err:.4f}':>14}"
+        lines.append(f"{e['method']:<20}{ppl}{interval_cells(e)}{'' if err is None else f'{err:.4f}':>14}"
                      f"{e.get('calib_seconds', ''):>10}{e.get('solve_seconds', ''):>10}{e['parameters']:>14,}{tasks}")
+    lines += interval_notes(report)
     ev = report["protocol"]["evaluation"] or {}
     lines.append(f"model {report['model']}; dropped {report['dropped_spec'] or 'none'} of {report['layers']} layers")
     if report.get("selection"):

@@ -101,6 +101,7 @@ class EvaluationRow:
     parameters: int
     protocol: dict | None  # the windows' protocol (source, part, windows, dtype, device)
     fit: dict = field(default_factory=dict)  # a fitted model's: statistics, seconds, choices, boundary errors
+    summary: dict = field(default_factory=dict)  # ppl interval, KL/top-1 to dense, paired Δppl (scores.summarize)
 
     def entry(self) -> dict:
         """The report's entry for this row (``run --out``'s ``results``; the grid's rows)."""
@@ -109,7 +110,7 @@ class EvaluationRow:
                  "protocol": self.protocol}
         if self.ppl is None:
             entry["evaluated"] = False
-        return {**entry, **self.fit}
+        return {**entry, **self.summary, **self.fit}
 
 
 @dataclass
@@ -361,7 +362,7 @@ def evaluation_row(name: str, text: str, res, model: nn.Module, recovery: Recove
         method=name, label=registry.label_of(name), role=registry.role_of(name), text=text,
         ppl=res.ppl if res else None, nll=res.nll if res else None, tokens=res.scored_tokens if res else None,
         eval_seconds=round(res.seconds, 2) if res else None, parameters=sum(p.numel() for p in model.parameters()),
-        protocol=res.protocol if res else None,
+        protocol=res.protocol if res else None, summary=dict(res.summary) if res else {},
         fit=fit_fields(name, recovery, errors) if recovery and name in recovery.results else {})
 
 

@@ -168,3 +168,26 @@ def test_bundled_matches_separate_evaluation(bundled, drop):
     expected_split = {"20-23": 19, "5,9": 4, "0-1": 0}[drop]
     assert shared_prefix_length(list(models.values())) == expected_split
     assert_same_as_alone(models, evaluation_windows(bundled.tokenizer, "bundled:wiki", 96, 48))
+
+
+def test_fidelity_to_the_dense_model_matches_whole_models():
+    """KL and top-1 agreement from the shared pass equal those of each whole model's own logits."""
+    from ghosted.evaluation.perplexity import model_logits
+    from ghosted.evaluation.scores import Reference, score_logits
+
+    model = tiny_model("llama", layers=6)
+    run = recover(model, "3-4", ["none", "ghost"], windows(6, 16, 0))
+    models = {"none": run.results["none"].model, "dense": model, "ghost": run.results["ghost"].model}
+    evaluation = windows(5, 16, 1)
+    shared = perplexities(models, evaluation, batch_size=2)
+    ids = evaluation.input_ids
+    _, ref_lp = score_logits(model_logits(model, ids), ids, None)
+    for name in ("none", "ghost"):
+        alone, _ = score_logits(model_logits(models[name], ids), ids, None, Reference.of(ref_lp))
+        summary = shared[name].summary
+        assert summary["kl"] == pytest.approx(alone.kl.sum() / alone.tokens.sum(), rel=1e-4)
+        assert summary["top1"] == pytest.approx(alone.agree.sum() / alone.tokens.sum())
+        assert summary["kl"] > 0 and summary["ppl_low"] <= shared[name].ppl <= summary["ppl_high"]
+    assert shared["dense"].summary["kl"] == 0 and shared["dense"].summary["top1"] == 1
+    assert "d_none" in shared["ghost"].summary and "d_ghost" in shared["none"].summary
+    assert shared["ghost"].summary["d_none"] == pytest.approx(shared["ghost"].ppl - shared["none"].ppl)

@@ -98,7 +98,13 @@ def test_files_and_markdown(tiny_grid, tmp_path):
     md = paths[1].read_text()
     assert md.count("**Perplexity on") == 2
     assert "| selection | n | layers | dense | none | ghost |" in md
-    assert md.count("| streamline |") == 4 and md.count("**") == 2 * 2 + 2 * 8  # 2 titles, 1 best per row
+    # per text: a perplexity table and a fidelity table (2 titles each), 4 rows each, 1 best per perplexity row
+    assert md.count("| streamline |") == 8 and md.count("**") == 2 * 2 + 2 * 2 + 2 * 8
+    assert md.count("**Fidelity to the dense model on") == 2
+    rows = result.frame[result.frame.method != "dense"]
+    assert rows.kl.notna().all() and (rows.kl > 0).all() and rows.top1.between(0, 1).all()
+    assert (rows.ppl_low <= rows.ppl).all() and (rows.ppl <= rows.ppl_high).all()
+    assert "d_none_significant" in rows and "d_ghost" in rows
 
 
 def test_markdown_marks_the_best_recovery_and_missing_cells():
