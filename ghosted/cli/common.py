@@ -43,12 +43,11 @@ def progress_from_args(args):
 
 
 def facts_from_args(args):
-    """The model's layer count and positions from its config alone (for ``--dry-run``); ``args``: the
-    parsed flags or the experiment spec (a recipe's model)."""
+    """The model's layer count and positions from its config alone (for ``--dry-run``: never the model's code,
+    even with ``--trust-remote-code``); ``args``: the parsed flags or the experiment spec (a recipe's model)."""
     from ghosted.experiments.validate import model_facts
 
-    model = model_fields(args)
-    return model_facts(model["source"], trust_remote_code=model["trust_remote_code"])
+    return model_facts(model_fields(args)["source"])
 
 
 def add_task_args(p: argparse.ArgumentParser) -> None:

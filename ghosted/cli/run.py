@@ -42,7 +42,11 @@ def handle(args) -> int:
     from ghosted.experiments.run import format_table, run_experiment
     from ghosted.experiments.validate import check_out_file, check_run, plan_run
 
-    spec = spec_from_args(args, base=load_spec(args.recipe) if args.recipe else None)  # a recipe's model too
+    try:
+        base = load_spec(args.recipe) if args.recipe else None
+    except TypeError as err:  # a field of the wrong kind in the file: the file's fault, one line and exit 2
+        raise ValueError(str(err)) from err
+    spec = spec_from_args(args, base=base)  # a recipe's model too
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(spec)  # every setting, before the model is loaded
     if args.dry_run:

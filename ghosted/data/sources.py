@@ -169,6 +169,36 @@ def resolve_source(source: str | os.PathLike | TextSource) -> TextSource | HubSp
                      f"{list(HUB_SHORTCUTS)}.")
 
 
+_DATASET_ID = re.compile(r"^[A-Za-z0-9][\w\-]*(\.[\w\-]+)*(/[A-Za-z0-9][\w\-]*(\.[\w\-]+)*)?$")  # hub repo id
+_DATASET_CONFIG = re.compile(r"^[\w.\-]*$")
+_LOCAL_BUILDERS = {"arrow", "audiofolder", "cache", "csv", "generator", "imagefolder", "json", "pandas", "parquet",
+                   "pdffolder", "spark", "sql", "text", "videofolder", "webdataset", "xml"}  # read the disk
+
+
+def is_hub_dataset_name(name: str) -> bool:
+    """True for a dataset name that can only mean the Hugging Face hub, never a file of this machine: a
+    shortcut (``wikitext-2-raw-v1``, ``c4``, ``ptb``) or ``hf:ID[:CONFIG]`` whose ID has a hub repository's
+    shape, names no local path (``datasets`` would read a local folder or script of that name) and is no
+    builder of ``datasets`` that reads local files (``hf:text`` would read the working folder's files)."""
+    name = name.strip()
+    if name in HUB_SHORTCUTS:
+        return True
+    if not name.startswith("hf:"):
+        return False
+    path, _, config = name[3:].partition(":")
+    return (bool(_DATASET_ID.match(path)) and bool(_DATASET_CONFIG.match(config)) and not path.endswith(".py")
+            and path.lower() not in _local_builders() and not os.path.lexists(path))
+
+
+def _local_builders() -> set[str]:
+    """The builder names of ``datasets`` that read files (this list, and the installed package's own)."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:
+        return _LOCAL_BUILDERS
+    return _LOCAL_BUILDERS | set(_PACKAGED_DATASETS_MODULES)
+
+
 def _looks_like_path(name: str) -> bool:
     """A name meant as a file (a folder part or an extension), so a missing one is "not found"."""
     return "/" in name or os.sep in name or name.startswith("~") or bool(Path(name).suffix)

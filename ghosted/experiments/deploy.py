@@ -81,14 +81,19 @@ class DeployConfig:
         self.check_model(source, kind, trust_remote_code)
 
     def check_text_source(self, source: str) -> None:
-        """Refuse a local text file or a hub dataset where the deployment forbids them."""
+        """Refuse a local text file or a hub dataset where the deployment forbids them. Without local paths,
+        only a bundled text's name or a dataset name that cannot be a path is taken (uploads come as text)."""
+        from ghosted.data.sources import is_hub_dataset_name, list_bundled_sources
+
         name = source.strip()
-        if name.startswith("bundled:"):
+        if name in list_bundled_sources():
             return
+        if not self.allow_local_paths and not is_hub_dataset_name(name):
+            raise DeployRefusal(f"The {self.name} deployment does not read files on the server ({name}). Use a "
+                                "bundled text, upload a .txt or .jsonl file"
+                                + (", or name a hub dataset (wikitext-2-raw-v1, c4, ptb or hf:OWNER/NAME)."
+                                   if self.allow_hub_datasets else "."))
         if name.lower().endswith((".txt", ".jsonl")) or Path(name).expanduser().is_absolute():
-            if not self.allow_local_paths:
-                raise DeployRefusal(f"The {self.name} deployment does not read files on the server "
-                                    f"({name}). Upload a .txt or .jsonl file instead.")
             return
         if not self.allow_hub_datasets:
             raise DeployRefusal(f"The {self.name} deployment does not fetch datasets ({name}). Use a "

@@ -15,12 +15,12 @@ so that a field and its flag cannot drift apart. The flat names (the flags' argp
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Iterator
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
+from ghosted.core.untrusted import read_json_file
 from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.recovery.methods import DEFAULT
 
@@ -228,10 +228,14 @@ class ExperimentSpec:
             raise TypeError(f"An experiment spec is a JSON object, not {type(data).__name__}.")
         data = dict(data)
         version = data.pop("spec_version", SPEC_VERSION)
-        if version != SPEC_VERSION:
+        if type(version) is not int or version != SPEC_VERSION:
             raise ValueError(f"This spec has spec_version {version!r}; this Ghosted reads version {SPEC_VERSION}. "
                              "Use the Ghosted version that wrote it (see the file's \"versions\").")
-        return _build(cls, data, "spec")
+        spec = _build(cls, data, "spec")
+        if spec.model.trust_remote_code:  # never taken from a file: only the command line, the API or the app
+            _warn_remote_code_ignored(spec.model.source)
+            spec = replace(spec, model=replace(spec.model, trust_remote_code=False))
+        return spec
 
     def options(self) -> dict:
         """Every field under its flat name (the command line's: ``calib_seqs``, ``eval_seq_len``, ...)."""
@@ -307,8 +311,48 @@ def _build(cls, data: dict, where: str):
     values = {}
     for name, value in data.items():
         nested = known[name].default_factory
-        values[name] = _build(nested, value, f"{where}.{name}") if is_dataclass(nested) else value
+        values[name] = (_build(nested, value, f"{where}.{name}") if is_dataclass(nested)
+                        else _file_value(known[name], value, f"{where}.{name}"))
     return cls(**values)
+
+
+def _file_value(f, value, where: str):
+    """A file's value for the field ``f``, checked as its flag checks it: the flag's type (a JSON boolean for
+    a switch, a whole number for a count, a number for a real, a string or a list of strings), its
+    choices, and its comma-list parsing; ``null`` only where the default is. Ranges are checked with
+    every other setting by ``ghosted.experiments.validate.check_run``."""
+    from ghosted.experiments.validate import is_whole_number
+
+    label = f"'{where}' ({f.metadata['flag']})"
+    kind = f.type.replace(" | None", "")
+    if value is None:
+        if "None" in f.type:
+            return None
+        raise TypeError(f"{label} of the experiment spec must be {_KIND_WORDS[kind]}, not null.")
+    checks = {"bool": lambda v: isinstance(v, bool), "int": is_whole_number, "str": lambda v: isinstance(v, str),
+              "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+              "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)}
+    if not checks[kind](value):
+        raise TypeError(f"{label} of the experiment spec must be {_KIND_WORDS[kind]}, not {value!r} "
+                        f"({type(value).__name__}).")
+    choices = _called(f.metadata.get("choices"))
+    if choices and value not in choices and not (value == "" and f.default == ""):
+        raise ValueError(f"{label} of the experiment spec is {value!r}; choose from {', '.join(choices)}.")
+    if "parse" in f.metadata:
+        return f.metadata["parse"](",".join(value))
+    return float(value) if kind == "float" else value
+
+
+_KIND_WORDS = {"bool": "true or false (a JSON boolean)", "int": "a whole number", "float": "a number",
+               "str": "a string", "list[str]": "a list of strings"}
+
+
+def _warn_remote_code_ignored(source: str) -> None:
+    import warnings
+
+    warnings.warn(f"The experiment spec asks for trust_remote_code (running the Python code shipped with {source}); "
+                  "it is never taken from a file. Give --trust-remote-code (trust_remote_code=True in the API) "
+                  "yourself if you trust that code.", UserWarning, stacklevel=3)
 
 
 # ------------------------------------------------------------------------------------ the command line
@@ -414,16 +458,16 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     file = Path(path)
     if file.is_dir():
         file = file / RECIPE_FILE
-    if not file.is_file():
+    if not file.exists():
         raise FileNotFoundError(f"No recipe at {file}: give a results JSON (run --out), a {RECIPE_FILE} or the "
                                 "folder of a saved model.")
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise ValueError(f"{file} is not valid JSON ({err}).") from None
+    data = read_json_file(file, "recipe")  # a regular file of bounded size, read once
     spec = data.get("spec") if isinstance(data, dict) else None
     if spec is None:
         raise ValueError(f"{file} holds no experiment spec: it was written by an older Ghosted, before results "
                          "and recipes recorded the spec. Rerun it with flags (its \"config\" or \"settings\" say "
                          "which); loading a model saved with it still works.")
-    return ExperimentSpec.from_dict(spec)
+    try:
+        return ExperimentSpec.from_dict(spec)
+    except (TypeError, ValueError) as err:  # the same kind, naming the file
+        raise type(err)(f"{file}: {err}") from None

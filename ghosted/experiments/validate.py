@@ -209,11 +209,13 @@ def facts_of_model(model) -> ModelFacts:
     return facts
 
 
-def model_facts(source: str, trust_remote_code: bool = False) -> ModelFacts:
-    """Facts from the model's config only, no weights: the bundled or a .gguf model's metadata (or its
-    converted copy), a folder's config.json, or a hub config (unknown facts when it cannot be read)."""
+def model_facts(source: str) -> ModelFacts:
+    """Facts from the model's config only, no weights and no code: the bundled or a .gguf model's metadata
+    (or its converted copy), a folder's config.json, or a hub config (unknown facts when it cannot be
+    read). A config that needs the model's own code is read as plain JSON: ``--dry-run`` never runs it."""
     from transformers import AutoConfig
 
+    from ghosted.core.untrusted import check_gguf_header
     from ghosted.models.assets import bundled_gguf_path, cache_dir, file_sha256
     from ghosted.models.loading import source_kind
 
@@ -224,16 +226,34 @@ def model_facts(source: str, trust_remote_code: bool = False) -> ModelFacts:
             if gguf.is_dir():
                 gguf = sorted(gguf.glob("*.gguf"))[0]
             converted = cache_dir() / "models" / file_sha256(gguf)[:16]
-            location, extra = (converted, {}) if (converted / "config.json").exists() else (gguf.parent,
-                                                                                             {"gguf_file": gguf.name})
-            return facts_of_config(AutoConfig.from_pretrained(location, **extra))
-        return facts_of_config(AutoConfig.from_pretrained(os.path.expanduser(source),
-                                                          trust_remote_code=trust_remote_code))
+            if (converted / "config.json").exists():
+                return facts_of_config(AutoConfig.from_pretrained(converted))
+            check_gguf_header(gguf)  # a crafted or truncated file: one clear error, nothing allocated
+            return facts_of_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
+        return facts_of_config(AutoConfig.from_pretrained(os.path.expanduser(source), trust_remote_code=False))
     except (OSError, ValueError, KeyError) as err:
+        if kind == "folder":
+            return _facts_of_raw_config(Path(source).expanduser(), err)
         if kind != "hub":
             raise ValueError(f"Could not read the model config of {source}: {err}") from err
         return ModelFacts(None, None, note=f"config of {source} not readable here ({type(err).__name__}): "
                                            "layers and positions are checked after loading")
+
+
+def _facts_of_raw_config(folder: Path, err: Exception) -> ModelFacts:
+    """Facts read from a folder's config.json as plain JSON (a config class shipped as code is never run)."""
+    from types import SimpleNamespace
+
+    from ghosted.core.untrusted import read_json_file
+
+    raw = read_json_file(folder / "config.json", "model config")
+    if not isinstance(raw, dict):
+        raise ValueError(f"Could not read the model config of {folder}: {err}") from err
+    raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    facts = facts_of_config(SimpleNamespace(**{k: v for k, v in raw.items() if isinstance(k, str)}))
+    if not all(v is None or is_whole_number(v) for v in (facts.layers, facts.max_positions, facts.hidden_size)):
+        raise ValueError(f"Could not read the model config of {folder}: its sizes are not whole numbers.")
+    return facts
 
 
 # ---- whole commands ----------------------------------------------------------------------------

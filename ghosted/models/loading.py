@@ -7,7 +7,6 @@ The conversion is written whole or not at all, and two processes converting at o
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
@@ -20,6 +19,8 @@ import torch
 from torch import nn
 
 from ghosted import __version__
+from ghosted.core.untrusted import (check_gguf_header, check_safetensors_header, confined_file, read_json_file,
+                                    regular_file)
 from ghosted.models.assets import (BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_lock,
                                    file_sha256, remove_stale_temps, staged_folder)
 
@@ -120,6 +121,7 @@ def _gguf_to_safetensors(gguf: Path, convert=None) -> Path:
     target = cache_dir() / "models" / key
     if _converted(target):
         return target
+    check_gguf_header(gguf)  # a crafted or truncated file: one clear error before transformers allocates
     with file_lock(target.parent / f"{key}.lock"):
         if _converted(target):  # another process finished it while this one waited
             return target
@@ -206,6 +208,9 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
         location = os.path.expanduser(cfg.source)
     if kind == "folder":  # refuse operators without a recipe: never a silently plain pruned model
         check_saved_folder(location, hashes=False)
+        check_weight_headers(location)
+    if cfg.trust_remote_code and kind in ("folder", "hub"):
+        warn_remote_code(cfg.source, kind, location)
     model, tokenizer = _from_pretrained(location, cfg, dtype, offline_hint=kind == "hub")
     if cfg.device_map is None:
         model = model.to(device)
@@ -217,6 +222,23 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
                        device=device, dtype=str(dtype).replace("torch.", ""),
                        load_seconds=time.perf_counter() - started, revision=cfg.revision,
                        extra={"location": location})
+
+
+def check_weight_headers(folder: str | Path) -> None:
+    """Every ``.safetensors`` file of a model folder has a header that fits its real size (a crafted header
+    claiming huge tensors, or a truncated download, is one clear error before anything is allocated)."""
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        check_safetensors_header(file)
+
+
+def warn_remote_code(source: str, kind: str, location: str) -> None:
+    """Say, before it runs, whose Python code ``trust_remote_code`` runs on this machine."""
+    import warnings
+
+    where = f"the folder {Path(location).resolve()}" if kind == "folder" else f"the hub repository {source}"
+    warnings.warn(f"trust_remote_code is on: loading {source} runs the Python code shipped with {where} on "
+                  "this machine, with your permissions. Only do so for a model whose code you trust.",
+                  UserWarning, stacklevel=3)
 
 
 def versions() -> dict:
@@ -231,16 +253,18 @@ def versions() -> dict:
 
 OPERATORS_FILE = "ghosted_operators.safetensors"  # the recovery operators of a saved model
 RECIPE_FILE = "ghosted_recipe.json"  # how the saved model was made, and which operator files it lists
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def read_recipe(path: str | Path) -> dict:
     """The recipe of a saved folder, or {} when it has none (a model not saved by ghosted)."""
     file = Path(path) / RECIPE_FILE
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         return {}
+    regular_file(file, "recipe")  # a device or a FIFO named like a recipe would be read forever
     try:
-        recipe = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        recipe = read_json_file(file, "recipe")
+    except ValueError as err:
         raise ValueError(f"{file} is damaged (not valid JSON: {err}). Copy the folder again or "
                          "export the model again.") from None
     if not isinstance(recipe, dict):
@@ -270,26 +294,35 @@ def check_saved_folder(folder: str | Path, hashes: bool = True) -> dict:
         raise ValueError(f"{operators} is not listed in {RECIPE_FILE}, which describes a model without "
                          "operators: it belongs to another export. Delete it, or export the model again.")
     for entry in listed:
-        _check_listed_file(folder / entry["name"], entry, hashes)
+        _check_listed_file(folder, entry, hashes)
     return recipe
 
 
 def _listed_operator_files(recipe: dict, folder: Path) -> list[dict]:
     """The recipe's ``operator_files`` (format 1 recipes have none: the file is implied)."""
     listed = recipe.get("operator_files")
-    if listed is None:
+    if listed is None:  # format 1: the one operator file is implied (its header is still checked on load)
         return [{"name": OPERATORS_FILE}] if recipe.get("operators") else []
     if not isinstance(listed, list) or not all(isinstance(e, dict) and "name" in e for e in listed):
         raise ValueError(f"{folder / RECIPE_FILE} is damaged (operator_files is not a list of files). "
                          "Export the model again.")
+    for entry in listed:
+        size, digest = entry.get("bytes"), entry.get("sha256")
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 0
+                and isinstance(digest, str) and _SHA256.match(digest)):
+            raise ValueError(f"{folder / RECIPE_FILE} is damaged (operator_files entry {entry.get('name')!r} has "
+                             "no size and sha256, so the file could not be verified). Export the model again.")
     return listed
 
 
-def _check_listed_file(file: Path, entry: dict, hashes: bool) -> None:
-    if not file.exists():
-        raise FileNotFoundError(f"{file} is missing, but {RECIPE_FILE} lists it: without it the model "
-                                "would load without its recovery. Copy the complete folder again, or "
-                                "export the model again.")
+def _check_listed_file(folder: Path, entry: dict, hashes: bool) -> None:
+    """The listed file is inside ``folder``, a regular file, and (size first, then sha256) as listed."""
+    try:
+        file = confined_file(folder, entry["name"], "operator file")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{folder / entry['name']} is missing, but {RECIPE_FILE} lists it: without it "
+                                "the model would load without its recovery. Copy the complete folder again, "
+                                "or export the model again.") from None
     changed = ("bytes" in entry and file.stat().st_size != entry["bytes"]) or \
               (hashes and "sha256" in entry and file_sha256(file) != entry["sha256"])
     if changed:

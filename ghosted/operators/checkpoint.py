@@ -33,6 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ghosted.core.untrusted import check_safetensors_header, confined_file
 from ghosted.models.architecture import layers_of, spec_for
 from ghosted.models.assets import (BUNDLED_MODEL, bundled_gguf_path, cache_dir, check_can_create, file_sha256,
                                    staged_folder)
@@ -40,7 +41,7 @@ from ghosted.operators.modules import SAVED_KINDS
 from ghosted.operators.sites import (BranchOperator, PatchSite, RobustStreamOperator, StreamOperator,
                                      attach_branch_operator, attach_stream_operators, operators_of)
 from ghosted.models.pruning import format_layers, original_indices
-from ghosted.models.loading import OPERATORS_FILE, RECIPE_FILE, check_saved_folder
+from ghosted.models.loading import OPERATORS_FILE, RECIPE_FILE, check_saved_folder, check_weight_headers
 
 RECIPE_FORMAT = 2  # bumped when a field changes meaning (2: operator_files with sha256)
 _SITE_NAMES = {"ghosted_pre": "before", "ghosted_post": "after", "ghosted_branch": "mlp"}
@@ -309,6 +310,7 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
     if not (folder / "config.json").exists():
         raise FileNotFoundError(f"{folder} is not a saved model folder (no config.json).")
     recipe = check_saved_folder(folder)  # before the weights: a broken folder fails fast
+    check_weight_headers(folder)  # a truncated or crafted weights file: one clear error, nothing allocated
     if any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
         lm = load_model(str(folder), device=device, dtype=dtype, device_map=device_map, **options)
     else:  # saved without a tokenizer: the model alone
@@ -342,9 +344,21 @@ def attach_saved_operators(model: nn.Module, folder: str | Path) -> int:
     Returns how many were attached (0 for a plain checkpoint).
     """
     file = Path(folder) / OPERATORS_FILE
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         return 0
-    entries, tensors = _read_operators(file)
+    entries, tensors = _read_operators(confined_file(folder, OPERATORS_FILE, "operator file"))
+    try:
+        return _place_operators(model, entries, tensors)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+        raise ValueError(f"{file} is damaged: its operators do not fit this model ({type(err).__name__}: {err}). "
+                         "Copy the folder again, or export the model again.") from None
+
+
+def _place_operators(model: nn.Module, entries: list[dict], tensors: dict[str, torch.Tensor]) -> int:
+    """Rebuild every operator entry and attach it at its site; the count attached."""
+    n_layers, width = len(layers_of(model)), _width(model)
+    for entry in entries:
+        _check_entry(entry, tensors, n_layers, width)
     context = _sink_context(model, entries)
     sites: dict[tuple[int, str], list[tuple[int, nn.Module]]] = {}
     for entry in entries:
@@ -359,8 +373,29 @@ def attach_saved_operators(model: nn.Module, folder: str | Path) -> int:
     return len(entries)
 
 
+def _width(model: nn.Module) -> int | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+
+
+def _check_entry(entry: dict, tensors: dict[str, torch.Tensor], n_layers: int, width: int | None) -> None:
+    """An operator entry that names a layer of this model, a known site and, for a d x d operator, a
+    weight as wide as the residual stream (a ValueError otherwise: the file is damaged or crafted)."""
+    layer, position, order = entry["layer"], entry["position"], entry["order"]
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (layer, order)) or not 0 <= layer < n_layers:
+        raise ValueError(f"operator {entry['key']!r} names layer {layer!r}; this model has {n_layers} layers")
+    if position not in _SITE_NAMES.values():
+        raise ValueError(f"operator {entry['key']!r} has an unknown position {position!r}")
+    weight = tensors.get(f"{entry['key']}.weight")
+    if entry["kind"] in _KINDS.values() and (weight is None or tuple(weight.shape) != (width, width)):
+        shape = None if weight is None else tuple(weight.shape)
+        raise ValueError(f"operator {entry['key']!r} has a weight of shape {shape}; this model's width is {width}")
+
+
 def _read_operators(file: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    """The operator entries and tensors of ``file``; a ValueError naming it when it is damaged."""
+    """The operator entries and tensors of ``file``; a ValueError naming it when it is damaged (its header
+    is checked against its real size before any tensor is read)."""
+    check_safetensors_header(file)
     try:
         with safe_open(str(file), framework="pt") as handle:
             entries = json.loads((handle.metadata() or {})["ghosted_operators"])
