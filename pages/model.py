@@ -37,7 +37,8 @@ def spec_form(cfg, spec: dict) -> dict | None:
         device = right.selectbox("Device", devices(), help="auto: cuda > mps > cpu")
         shard = torch.cuda.device_count() > 1 and st.checkbox("Shard over every GPU (device_map='auto')")
         trust = cfg.allow_trust_remote_code and st.checkbox(
-            "Trust remote code", help="Runs Python shipped with a hub model. Only for models you trust.")
+            "Trust remote code", help="Runs the Python code shipped with the model named above (its folder or "
+                                      "hub repository) on this server, with its permissions. Only for code you trust.")
         if not st.form_submit_button("Load model", type="primary", key="model_load", disabled=_ui.busy()):
             return None
     source = BUNDLED_MODEL if kind == BUNDLED else where.strip()
@@ -60,6 +61,9 @@ def show(loaded) -> None:
     cols[5].metric("Device", facts["device"])
     st.caption(f"{facts['architecture']} · {facts['dtype']} · source `{loaded.source}` "
                f"({loaded.kind}) · loaded in {loaded.load_seconds:.1f} s")
+    if st.session_state[_ui.MODEL].get("trust_remote_code"):
+        st.warning(f"Trust remote code is on: the Python code shipped with `{loaded.source}` runs on this server "
+                   "whenever this model is loaded.")
 
 
 _ui.require_frame(__file__)

@@ -173,3 +173,26 @@ def test_any_mutated_header_is_accepted_or_one_clear_error(tmp_path, kind, data)
         except ValueError as err:
             assert_refusal(err, (ValueError,))
             assert str(file) in str(err)
+
+
+# ------------------------------------------------------------------------------------ through the front ends
+def test_a_crafted_gguf_is_one_line_and_exit_2_on_the_command_line(tmp_path, capsys):
+    from ghosted.cli import main
+
+    file = tmp_path / "crafted.gguf"
+    file.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 2**40, 2**40) + gguf_bytes()[24:])  # once a struct.error
+    assert main(["run", "--model", str(file), "--drop", "1", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "crafted.gguf is damaged" in err and "Traceback" not in err
+
+
+def test_a_truncated_weights_file_is_refused_before_loading(tmp_path):
+    from ghosted.models.loading import load_model
+    from tests.tiny import tiny_model
+
+    folder = tmp_path / "model"
+    tiny_model("llama").save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # an interrupted download
+    with bounded_memory(), pytest.raises(ValueError, match="model.safetensors is damaged.*truncated"):
+        load_model(str(folder), device="cpu")
