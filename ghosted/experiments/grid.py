@@ -20,10 +20,8 @@ instead of computing it again, and a Ctrl-C leaves the finished cells on disk.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +32,7 @@ import pandas as pd
 from ghosted.experiments import validate
 from ghosted.core.progress import Progress, Say, lines
 from ghosted.models.loading import LoadedModel
+from ghosted.experiments.journal import GridJournal, settings_digest
 from ghosted.experiments.session import Session
 from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.loading import versions
@@ -165,68 +164,6 @@ def evaluate_setting(ctx: GridContext, layers: list[int], methods: list[str]) ->
     tasks = ctx.session.tasks(fitted.models)
     timing = {"fit_seconds": round(done - started, 1), "eval_seconds": round(time.perf_counter() - done, 1)}
     return [r for r in table.records() if r["method"] in fitted.models], timing, tasks
-
-
-class GridJournal:
-    """The finished parts of a grid, one JSON line each in ``grid.jsonl``, appended as each finishes.
-
-    A record is ``{"kind", "settings", "key", ...payload}``: ``settings`` is a digest of everything
-    that changes a result (``settings_digest``), ``key`` says which part it is (a selection and n, a
-    dense text, or a cell: its layers, methods and texts). ``resume=False`` starts a new journal.
-    """
-
-    def __init__(self, out_dir: str | Path, resume: bool = False):
-        self.path = Path(out_dir) / "grid.jsonl"
-        self.records = self._read() if resume else []
-        if not resume and self.path.exists():
-            self.path.unlink()
-
-    def _read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        records = []
-        for line in self.path.read_text().splitlines():
-            try:
-                records.append(json.loads(line))
-            except ValueError:  # a line cut short by a crash: that part is simply done again
-                continue
-        return records
-
-    def find(self, kind: str, settings: str, key: dict) -> dict | None:
-        """The latest record of this part under these settings, or None."""
-        want = json.loads(json.dumps(key, default=str))
-        for record in reversed(self.records):
-            if (record.get("kind"), record.get("settings"), record.get("key")) == (kind, settings, want):
-                return record
-        return None
-
-    def add(self, kind: str, settings: str, key: dict, **payload) -> None:
-        """Append one finished part (flushed and synced, so a crash right after keeps it)."""
-        record = json.loads(json.dumps({"kind": kind, "settings": settings, "key": key, **payload},
-                                       default=_plain))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        self.records.append(record)
-
-
-def _plain(value):
-    """JSON for what the rows may hold besides plain types (numpy numbers, paths)."""
-    return value.item() if hasattr(value, "item") else str(value)
-
-
-def settings_digest(cfg: GridConfig, lm: LoadedModel) -> str:
-    """What every result of the grid depends on: the settings (not which cells, nor the cache) and
-    the model's identity (so a changed checkpoint at the same path is not mistaken for the old one)."""
-    from ghosted.calibration.cache import model_identity
-
-    which_cells = ("selections", "n_values", "methods", "evals", "cache")  # part of each record's key instead
-    settings = {k: v for k, v in vars(cfg.flat()).items() if k not in which_cells}
-    settings["model_identity"] = model_identity(lm.model)
-    settings["model_name"] = lm.name
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
