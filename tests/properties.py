@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from hypothesis import HealthCheck, settings
 
 EXAMPLES = {  # test name -> examples CI runs (fixed: the CI cost stays what it is today)
+    "drop_spec_text": 300, "drop_spec_within_a_model": 200, "drop_spec_lists": 150,
     "spec_dict_any_json": 200, "spec_dict_one_leaf_changed": 300, "spec_file_mutated": 120, "cli_recipe_mutated": 25,
     "folder_recipe_mutated": 40, "folder_operators_crafted": 40, "folder_weights_mutated": 25,
     "folder_paths": 25, "headers_mutated": 150,

@@ -52,11 +52,20 @@ def shallow_clone(module: nn.Module) -> nn.Module:
     return clone
 
 
+MAX_LAYERS = 1024  # no released decoder has this many layers (the largest about 130): the bound of a layer spec
+# read before the model's own layer count is known, so that a typo never allocates a huge range
+
+
 def parse_layers(spec: str | Iterable[int], n_layers: int | None = None) -> list[int]:
     """Parse ``"20-26"`` or ``"3,7,9-11"`` (0-based, ranges inclusive) into a sorted list.
 
-    Raises ValueError with a message a user can act on for malformed text or out-of-range layers.
+    Raises ValueError with a message a user can act on for malformed text or out-of-range layers. Every
+    range is checked against ``n_layers`` (``MAX_LAYERS`` when not known yet) before it is expanded, so
+    ``"0-99999999999"`` is refused at once instead of filling memory.
     """
+    bound = MAX_LAYERS if n_layers is None else n_layers
+    if not isinstance(spec, str) and hasattr(spec, "__len__") and len(spec) > bound:
+        raise ValueError(f"{len(spec)} layers to drop: more than {_limit(bound, n_layers)}.")
     if isinstance(spec, str):
         layers: set[int] = set()
         for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -68,6 +77,11 @@ def parse_layers(spec: str | Iterable[int], n_layers: int | None = None) -> list
                                  "such as '20-26' or '3,7,9-11'.") from None
             if end < start:
                 raise ValueError(f"Range {part!r} is backwards; write it as {end}-{start}.")
+            if end >= bound and n_layers is not None:
+                raise ValueError(f"Layers {part[:40]} do not exist: this model has layers 0..{n_layers - 1}.")
+            if end >= bound:
+                raise ValueError(f"Layer {end} in {part[:40]!r} is beyond {_limit(bound, n_layers)}; layers are "
+                                 "numbered from 0, e.g. 20-26.")
             layers.update(range(start, end + 1))
     else:
         layers = {_layer_index(i) for i in ([spec] if _is_index(spec) else _items(spec))}
@@ -80,6 +94,10 @@ def parse_layers(spec: str | Iterable[int], n_layers: int | None = None) -> list
             raise ValueError(f"Dropping layers {format_layers(out)} removes all {n_layers} layers of this "
                              "model: keep at least one.")
     return out
+
+
+def _limit(bound: int, n_layers: int | None) -> str:
+    return f"this model's {n_layers} layers" if n_layers is not None else f"any model's (at most {bound} layers)"
 
 
 def _is_index(value) -> bool:
