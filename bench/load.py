@@ -46,9 +46,10 @@ DEPLOY = ROOT / "docs" / "DEPLOY.md"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
-STEP_TIMEOUT_MS = 60 * 60 * 1000  # one step of one session under the heaviest load
+STEP_TIMEOUT_MS = int(os.environ.get("GHOSTED_LOAD_STEP_S", 3600)) * 1000  # one step of one session, at most
 EVAL_TOKENS = 1024  # the teaching flow's evaluation size
 STEPS = ("influence", "recovered", "compared")
+SHOTS = os.environ.get("GHOSTED_LOAD_SHOTS")  # a folder for a screenshot of each session that fails
 
 
 # --- the server -------------------------------------------------------------------------------------------
@@ -148,6 +149,10 @@ async def switch_away_and_back(page, title: str, record: dict) -> None:
     record["switches"].append(await go(page, title))
 
 
+def say(record: dict, what: str) -> None:
+    print(f"session {record['session']}: {what}", file=sys.stderr, flush=True)
+
+
 async def flow(browser, url: str, n_block: int, record: dict) -> None:
     """The teaching flow in one browser context; fills ``record`` with step times and errors."""
     context = await browser.new_context(viewport={"width": 1280, "height": 2000})
@@ -161,6 +166,7 @@ async def flow(browser, url: str, n_block: int, record: dict) -> None:
         await click(page, "influence_run")
         await page.locator(".st-key-influence_bars .trace.bars .point path").nth(29).wait_for()
         record["influence"] = time.perf_counter() - started
+        say(record, f"influence report after {record['influence']:.0f} s")
         await idle(page)
         await fill(page, "influence_n", n_block)
         await click(page, "influence_apply")  # the first preset: "Streamline block of n"
@@ -178,6 +184,7 @@ async def flow(browser, url: str, n_block: int, record: dict) -> None:
             record["queue_text"] = ""
         await page.get_by_text(re.compile(r"^Run: layers")).wait_for()
         record["recovered"] = time.perf_counter() - step
+        say(record, f"recovered run after {record['recovered']:.0f} s")
         await idle(page)
         step = time.perf_counter()
         await go(page, "Compare")
@@ -185,11 +192,15 @@ async def flow(browser, url: str, n_block: int, record: dict) -> None:
         await click(page, "evaluate_run")
         await page.get_by_text("tokens scored:").first.wait_for()
         record["compared"] = time.perf_counter() - step
+        say(record, f"compared after {record['compared']:.0f} s")
         record["total"] = time.perf_counter() - started
         if await page.get_by_test_id("stException").count():
             record["errors"].append("an exception box on the page")
     except Exception as err:  # noqa: BLE001 - a benchmark counts errors, it does not stop on one
         record["errors"].append(f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        say(record, f"error: {record['errors'][-1]}")
+        if SHOTS:
+            await page.screenshot(path=str(Path(SHOTS) / f"load-session-{record['session']}.png"), full_page=True)
     finally:
         await context.close()
 
@@ -279,7 +290,10 @@ def report_table(results: dict) -> str:
 
 
 def deploy_sentence(results: dict) -> str:
-    cells = results["cells"]
+    cells = {name: c for name, c in results["cells"].items() if c["total"]["median_s"] is not None}
+    if not cells:
+        return ("`python -m bench.load` has not yet measured a session that finished the flow on this machine; "
+                "see docs/BENCHMARKS.md (section \"A class at once\") for what was run.")
     measured = ", ".join(f"{c['sessions']} session(s) with {c['choices']} choices" for c in
                          sorted(cells.values(), key=lambda c: (c["choices"], c["sessions"])))
     largest = max(cells.values(), key=lambda c: (c["sessions"], c["choices"] == "different"))

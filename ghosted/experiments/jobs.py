@@ -4,8 +4,9 @@ On a small shared server (a 2-vCPU demo, a classroom machine) eight influence pa
 one process each get a quarter of a core and all finish late. Here every heavy job (an influence report,
 a calibration and fit, an evaluation) goes through one ``JobQueue``:
 
-  * a set number of worker threads (by default what the cores allow, ``default_workers``), each job
-    running with ``threads_per_job`` torch threads, so the jobs that run get whole cores;
+  * a set number of worker threads (by default one per core, ``default_workers``), each job running with
+    ``threads_per_job`` torch threads (by default one, ``default_threads``), so the jobs that run get whole
+    cores and never wait on each other's threads;
   * a job is named by its request key (``ghosted.experiments.store.request_key``): a request identical
     to one already queued or running joins it instead of starting again (in-flight de-duplication), and
     one whose result is in the ``ResultStore`` is answered at once;
@@ -46,7 +47,17 @@ class JobCancelled(Exception):
     """Raised inside a job's progress call when every owner cancelled it or left."""
 
 
-def default_workers(cores: int | None = None, threads_per_job: int = 2) -> int:
+def default_threads() -> int:
+    """Torch threads per job: ``$GHOSTED_JOB_THREADS``, else 1. One thread per job and one job per core: on a
+    shared or oversubscribed CPU a team of threads waits at every barrier for its slowest member, which on a
+    loaded 2-core machine made a calibration pass several times slower with two threads than with one."""
+    env = os.environ.get("GHOSTED_JOB_THREADS", "").strip()
+    if env and (not env.isdigit() or int(env) < 1):
+        raise ValueError(f"GHOSTED_JOB_THREADS must be a whole number of at least 1, got {env!r}.")
+    return int(env) if env else 1
+
+
+def default_workers(cores: int | None = None, threads_per_job: int = 1) -> int:
     """Workers the cores allow: one per ``threads_per_job`` cores (``$GHOSTED_JOB_WORKERS`` overrides)."""
     env = os.environ.get("GHOSTED_JOB_WORKERS", "").strip()
     if env:
@@ -98,10 +109,10 @@ class _Job:
 class JobQueue:
     """Heavy jobs of every session through a fixed pool of worker threads, results into ``store``."""
 
-    def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int = 2,
+    def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int | None = None,
                  alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic):
         self.store = store if store is not None else ResultStore()
-        self.threads_per_job = max(1, threads_per_job)  # torch threads each job runs with
+        self.threads_per_job = max(1, threads_per_job or default_threads())  # torch threads each job runs with
         self.workers = workers or default_workers(threads_per_job=self.threads_per_job)
         self.alive = alive  # owner -> still there? None: every owner stays until it cancels or leaves
         self._clock = clock

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ghosted.experiments.jobs import JobCancelled, JobQueue, default_workers
+from ghosted.experiments.jobs import JobCancelled, JobQueue, default_threads, default_workers
 from ghosted.experiments.store import ResultStore
 
 WAIT = 30  # seconds a test waits for a worker before failing (never reached when the queue works)
@@ -160,6 +160,7 @@ def test_workers_run_jobs_side_by_side():
 
 def test_default_workers_from_cores_and_environment(monkeypatch):
     monkeypatch.delenv("GHOSTED_JOB_WORKERS", raising=False)
+    assert default_workers(cores=2) == 2  # one thread per job by default
     assert default_workers(cores=2, threads_per_job=2) == 1
     assert default_workers(cores=16, threads_per_job=2) == 8
     assert default_workers(cores=1, threads_per_job=4) == 1
@@ -168,6 +169,16 @@ def test_default_workers_from_cores_and_environment(monkeypatch):
     monkeypatch.setenv("GHOSTED_JOB_WORKERS", "many")
     with pytest.raises(ValueError, match="GHOSTED_JOB_WORKERS"):
         default_workers()
+
+
+def test_one_torch_thread_per_job_unless_told(monkeypatch):
+    monkeypatch.delenv("GHOSTED_JOB_THREADS", raising=False)
+    assert default_threads() == 1 and JobQueue(workers=1).threads_per_job == 1
+    monkeypatch.setenv("GHOSTED_JOB_THREADS", "2")
+    assert JobQueue(workers=1).threads_per_job == 2
+    monkeypatch.setenv("GHOSTED_JOB_THREADS", "0")
+    with pytest.raises(ValueError, match="GHOSTED_JOB_THREADS"):
+        default_threads()
 
 
 def test_the_store_shared_by_the_queue_is_the_one_given():
