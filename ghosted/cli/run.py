@@ -30,6 +30,9 @@ def add_parser(sub) -> None:
     add_spec_args(p.add_argument_group("recovery details"), RECOVERY_DETAILS)
     add_protocol_args(p)
     add_task_args(p)
+    p.add_argument("--seeds", type=int, default=1, metavar="K",
+                   help="redraw the calibration windows K times (seeds --seed .. --seed+K-1) and report each "
+                        "method's mean perplexity and its spread over the draws")
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
                                                  "with \"complete\": false, when the run is stopped)")
     add_spec_args(p, ["cache"])
@@ -49,15 +52,27 @@ def handle(args) -> int:
     spec = spec_from_args(args, base=base)  # a recipe's model too
     check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
     check_run(spec)  # every setting, before the model is loaded
+    if args.seeds < 1:
+        raise ValueError(f"--seeds must be at least 1 (calibration draws); got {args.seeds}.")
     if args.dry_run:
         print(plan_run(spec, facts_from_args(spec)))
         return 0
     try:
         with progress_from_args(args) as progress:
-            report, _ = run_experiment(spec, loaded=load_from_args(spec, args.offload_folder), progress=progress)
+            loaded = load_from_args(spec, args.offload_folder)
+            if args.seeds > 1:
+                from ghosted.experiments.seeds import run_seeds
+
+                report = run_seeds(spec, args.seeds, loaded=loaded, progress=progress)
+            else:
+                report, _ = run_experiment(spec, loaded=loaded, progress=progress)
     except (Exception, KeyboardInterrupt) as err:
         return report_stopped(args, err)
     print(format_table(report))
+    if report.get("seeds"):
+        from ghosted.experiments.seeds import format_seeds
+
+        print(format_seeds(report))
     write_json(args.out, report)
     return 0
 

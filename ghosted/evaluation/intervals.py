@@ -102,13 +102,14 @@ def mean_interval(values, config: IntervalConfig = IntervalConfig()) -> Interval
 
 
 def paired_difference(sums_a, sums_b, counts, config: IntervalConfig = IntervalConfig(),
-                      transform: Callable = np.exp) -> Interval:
+                      transform: Callable | None = np.exp) -> Interval:
     """``transform(mean_a) - transform(mean_b)`` with a paired interval: both means on the same resample.
 
     ``sums_a``/``sums_b``: per-window sums of two variants on the same windows, ``counts`` the tokens
     each window scores (the same for both). With ``transform=np.exp`` (the default) this is a perplexity
-    difference; an identity transform gives the difference of the means themselves.
+    difference; ``transform=None`` gives the difference of the means themselves (a ΔNLL).
     """
+    transform = transform or _identity
     sums_a, counts = _as_arrays(sums_a, counts)
     sums_b = np.asarray(sums_b, dtype=np.float64)
     if sums_b.shape != sums_a.shape:

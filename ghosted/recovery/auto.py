@@ -2,9 +2,18 @@
 
 Independent mode scores every candidate fitted on the unpruned model's statistics; sequential mode
 goes gap by gap, fitting each gap's candidates on the stream of the model patched upstream with the
-choices made so far, then keeps the best of that result, no operator anywhere and sequential
-``ghost``. Either way the result is never worse on the held-out windows than plain pruning.
-The registry entry ``ghost-auto`` names ``fit_auto``; ``recover`` calls it with its ``FitContext``.
+choices made so far, then keeps that result unless no operator anywhere predicts the held-out
+windows better, or sequential ``ghost`` predicts them significantly better. Either way the result is
+never worse on the held-out windows than plain pruning.
+
+The choice weighs its own uncertainty: a difference measured on a few hundred held-out tokens is
+noisy, and a fit that wins there can lose on other text. So the simpler candidate is kept (no
+operator, then the paper's fit, then the robust one) unless the held-out NLL gain of the more
+complex one is significant on its paired bootstrap interval over held-out windows
+(``ghosted.evaluation.intervals``); each row of ``choices()`` gives the gains and their intervals.
+With fewer than ``MIN_HELDOUT_WINDOWS`` held-out windows nothing can be told apart: the row says so
+and no operator is kept. The registry entry ``ghost-auto`` names ``fit_auto``; ``recover`` calls it
+with its ``FitContext``.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ import time
 
 from ghosted.calibration.collect import Gap
 from ghosted.core.progress import counted
+from ghosted.evaluation.intervals import Interval, IntervalConfig, paired_difference
+from ghosted.evaluation.scores import WindowScores
 from ghosted.operators.assembly import GapFit, assemble
 from ghosted.recovery import methods as registry
 from ghosted.recovery.fitting import (FitContext, assembled_result, fit_ghost, fit_ghost_robust,
@@ -20,6 +31,9 @@ from ghosted.recovery.fitting import (FitContext, assembled_result, fit_ghost, f
 from ghosted.recovery.methods import MethodResult
 
 AUTO_CANDIDATES = ("paper", "robust", "none")  # ghost-auto's choices per gap; "none": no operator there
+SIMPLEST_FIRST = ("none", "paper", "robust")  # the order of preference: a later one must win significantly
+MIN_HELDOUT_WINDOWS = 4  # below this a bootstrap over windows has at most 10 distinct resamples: no interval
+AUTO_INTERVALS = IntervalConfig()  # paired bootstrap of held-out NLL differences (95 %, seeded)
 _AUTO_FITS = {"paper": fit_ghost, "robust": fit_ghost_robust}  # the candidates with an operator
 _AUTO_LABEL = {"paper": "the paper's fit", "robust": "the robust fit",
                "none": "no operator (plain pruning is best here)"}
@@ -38,46 +52,90 @@ def fit_auto(ctx: FitContext, name: str) -> MethodResult:
                       ctx.pick(ctx.heldout, gaps), ctx.calib_seconds, statistics=ctx.shared)
 
 
-def _heldout_nll(ctx: FitContext, fits: dict[Gap, GapFit], name: str) -> float:
-    """Held-out next-token NLL of the cut with ``fits`` at their gaps (no operator at the others)."""
+def _heldout(ctx: FitContext, fits: dict[Gap, GapFit], name: str) -> WindowScores:
+    """Held-out per-window NLL sums of the cut with ``fits`` at their gaps (no operator at the others)."""
     from ghosted.evaluation.perplexity import perplexity
 
     return perplexity(assemble(ctx.model, ctx.dropped, fits, name, rule=ctx.rule), ctx.heldout_windows,
-                      batch_size=ctx.cfg.calibration.batch_size, label=f"{name} held-out").nll
+                      batch_size=ctx.cfg.calibration.batch_size, label=f"{name} held-out").scores
 
 
-def _auto_choice(ctx: FitContext, name: str, gap: Gap, pick: str, trials: dict[str, float], how: str = "") -> dict:
-    """One row of the run's choices: the three held-out NLLs of a gap and what was kept."""
+def _mean(scores: WindowScores) -> float:
+    return scores.total_nll / scores.total_tokens
+
+
+def significant_gain(candidate: WindowScores, simpler: WindowScores) -> Interval | None:
+    """The held-out NLL change of ``candidate`` against ``simpler`` (paired over windows), or None when
+    there are too few held-out windows to put an interval on it."""
+    if len(simpler.nll) < MIN_HELDOUT_WINDOWS:
+        return None
+    return paired_difference(candidate.nll, simpler.nll, simpler.tokens, AUTO_INTERVALS, transform=None)
+
+
+def decide(trials: dict[str, WindowScores]) -> tuple[str, dict]:
+    """(the chosen candidate, the row fields behind it): start from no operator; a more complex candidate
+    replaces the pick only when its held-out NLL is lower and the paired interval of the difference
+    lies wholly below zero. Fields per operator candidate c: ``gain_c`` (ΔNLL against what was kept
+    before it), ``gain_c_low``/``gain_c_high``, ``gain_c_against``; ``heldout_windows``."""
+    pick, fields = SIMPLEST_FIRST[0], {"heldout_windows": len(trials["none"].nll)}
+    for candidate in SIMPLEST_FIRST[1:]:
+        gain = significant_gain(trials[candidate], trials[pick])
+        fields.update({f"gain_{candidate}": _mean(trials[candidate]) - _mean(trials[pick]),
+                       f"gain_{candidate}_low": gain.low if gain else None,
+                       f"gain_{candidate}_high": gain.high if gain else None, f"gain_{candidate}_against": pick})
+        if gain is not None and gain.known and gain.estimate < 0 and gain.high < 0:
+            pick = candidate
+    return pick, fields
+
+
+def _gain_text(fields: dict) -> str:
+    """The intervals behind a choice, in words."""
+    if fields["heldout_windows"] < MIN_HELDOUT_WINDOWS:
+        return (f"only {fields['heldout_windows']} held-out window(s), fewer than the {MIN_HELDOUT_WINDOWS} "
+                "needed to tell the candidates apart: too little held-out text, the simplest is kept")
+    parts = []
+    for c in SIMPLEST_FIRST[1:]:
+        low, high = fields[f"gain_{c}_low"], fields[f"gain_{c}_high"]
+        verdict = "significant" if high is not None and high < 0 and fields[f"gain_{c}"] < 0 else "not significant"
+        parts.append(f"{c} vs {fields[f'gain_{c}_against']} ΔNLL {fields[f'gain_{c}']:+.4f} "
+                     f"[{low:+.4f}, {high:+.4f}] ({verdict})")
+    return "; ".join(parts)
+
+
+def _auto_choice(ctx: FitContext, name: str, gap: Gap, trials: dict[str, WindowScores], how: str = "") -> dict:
+    """One row of the run's choices: the three held-out NLLs of a gap, the intervals, what was kept."""
+    pick, fields = decide(trials)
+    nll = {c: _mean(trials[c]) for c in AUTO_CANDIDATES}
     return {"method": name, "boundary": f"{gap.start}-{gap.end}", "chosen": pick,
-            **{f"nll_{c}": trials[c] for c in AUTO_CANDIDATES},
-            "reason": f"held-out NLL {trials['paper']:.4f} (paper), {trials['robust']:.4f} (robust), "
-                      f"{trials['none']:.4f} (no operator) on {ctx.heldout_windows.input_ids.numel()} "
-                      f"tokens{how}; chose {_AUTO_LABEL[pick]}"}
+            **{f"nll_{c}": nll[c] for c in AUTO_CANDIDATES}, **fields,
+            "reason": f"held-out NLL {nll['paper']:.4f} (paper), {nll['robust']:.4f} (robust), "
+                      f"{nll['none']:.4f} (no operator) on {ctx.heldout_windows.input_ids.numel()} "
+                      f"tokens{how}; {_gain_text(fields)}; chose {_AUTO_LABEL[pick]}"}
 
 
 def _auto(ctx: FitContext, name: str):
     """Independent mode: every candidate fitted on the unpruned model's statistics.
 
-    Starts from the better of "paper everywhere" and "no operator anywhere", then tries every other
-    candidate gap by gap and keeps what lowers the held-out NLL, so the result is never worse on the
-    held-out windows than plain pruning, nor than the paper's fit. Each configuration is scored once.
+    Starts from no operator anywhere, then gap by gap (the others at their current choice) keeps the
+    simplest candidate that no more complex one beats significantly (``decide``). Each kept change
+    lowers the held-out NLL, so the result is never worse on the held-out windows than plain pruning.
+    Each configuration is scored once.
     """
     gaps = ctx.stream_gaps
     options = {c: {g: fit(ctx.stats[g], ctx.heldout[g], ctx.cfg)[0] for g in gaps} for c, fit in _AUTO_FITS.items()}
-    scored: dict[tuple[str, ...], float] = {}
+    scored: dict[tuple[str, ...], WindowScores] = {}
 
-    def nll(picks: tuple[str, ...]) -> float:
+    def held(picks: tuple[str, ...]) -> WindowScores:
         if picks not in scored:
-            scored[picks] = _heldout_nll(ctx, {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}, name)
+            scored[picks] = _heldout(ctx, {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}, name)
         return scored[picks]
 
-    current = min((("paper",) * len(gaps), ("none",) * len(gaps)), key=nll)
+    current = ("none",) * len(gaps)
     choices = []
     for i, g in enumerate(counted(gaps, ctx.progress, "ghost-auto: choosing per gap")):
-        trials = {c: nll(current[:i] + (c,) + current[i + 1:]) for c in AUTO_CANDIDATES}
-        pick = min(AUTO_CANDIDATES, key=lambda c: (trials[c], c != current[i]))  # ties keep the current one
-        current = current[:i] + (pick,) + current[i + 1:]
-        choices.append(_auto_choice(ctx, name, g, pick, trials))
+        trials = {c: held(current[:i] + (c,) + current[i + 1:]) for c in AUTO_CANDIDATES}
+        choices.append(_auto_choice(ctx, name, g, trials))
+        current = current[:i] + (choices[-1]["chosen"],) + current[i + 1:]
     return {g: options[p][g] for g, p in zip(gaps, current) if p != "none"}, choices
 
 
@@ -91,40 +149,59 @@ def _auto_sequential(ctx: FitContext, entry: registry.Method) -> MethodResult:
     chosen: dict[Gap, GapFit | None] = {}  # gap -> its operator (None: no operator there), in order
     fit_stats, held_stats, rows = {}, {}, []
     calib_seconds = solve_seconds = 0.0
-    final_nll = float("nan")  # held-out NLL of the choices once the last gap is chosen
+    final = None  # held-out scores of the choices once the last gap is chosen
     for i, gap in enumerate(counted(gaps, ctx.progress, "ghost-auto: choosing per gap (sequential)")):
         t0 = time.perf_counter()
         fit_stats[gap], held_stats[gap] = ctx.stats_upstream(gap, chosen, name, sinks=True)
         t1 = time.perf_counter()
         options = {c: fit(fit_stats[gap], held_stats[gap], ctx.cfg)[0] for c, fit in _AUTO_FITS.items()}
         kept = {g: f for g, f in chosen.items() if f is not None}
-        trials = {c: _heldout_nll(ctx, {**kept, **({gap: options[c]} if c in options else {})}, name)
+        trials = {c: _heldout(ctx, {**kept, **({gap: options[c]} if c in options else {})}, name)
                   for c in AUTO_CANDIDATES}
-        pick = min(AUTO_CANDIDATES, key=trials.get)  # ties: the first in AUTO_CANDIDATES
-        chosen[gap], final_nll = options.get(pick), trials[pick]
-        rows.append(_auto_choice(ctx, name, gap, pick, trials, ", fitted on the stream patched upstream"))
+        rows.append(_auto_choice(ctx, name, gap, trials, ", fitted on the stream patched upstream"))
+        pick = rows[-1]["chosen"]
+        chosen[gap], final = options.get(pick), trials[pick]
         calib_seconds += t1 - t0
         solve_seconds += time.perf_counter() - t1
     fits = {g: f for g, f in chosen.items() if f is not None}
-    fits, note = _auto_safeguard(ctx, name, fits, rows, final_nll)
+    fits, note = _auto_safeguard(ctx, name, fits, rows, final)
     notes = ["sequential: each gap's candidates fitted on the model patched upstream with the choices made so far"]
     return assembled_result(ctx, entry, fits, rows, solve_seconds, fit_stats, held_stats, calib_seconds,
                       notes=notes + ([note] if note else []))
 
 
-def _auto_safeguard(ctx: FitContext, name: str, fits: dict[Gap, GapFit], rows: list[dict], mine: float):
-    """Keep the gap-by-gap result (held-out NLL ``mine``, scored when its last gap was chosen) unless
-    no operator anywhere, or the paper's fit everywhere fitted sequentially, predicts the held-out
-    windows better; the rows then say so."""
+def _auto_safeguard(ctx: FitContext, name: str, fits: dict[Gap, GapFit], rows: list[dict], mine: WindowScores):
+    """Keep the gap-by-gap result (held-out scores ``mine``, scored when its last gap was chosen) unless
+    no operator anywhere predicts the held-out windows better, or the paper's fit everywhere fitted
+    sequentially predicts them significantly better; the rows then say so."""
     if all(row["chosen"] == "paper" for row in rows):
         return fits, ""  # the gap-by-gap result is sequential ghost already
-    paper = sequential_fits(ctx, fit_ghost, name, sinks=False).fits
-    others = {"no operator anywhere": {}, "the paper's fit everywhere (sequential)": paper}
-    scores = {label: _heldout_nll(ctx, f, name) for label, f in others.items()}
-    best = min(scores, key=scores.get)
-    if scores[best] >= mine:
+    others = {"no operator anywhere": {}}
+    if any(row["chosen"] != "none" for row in rows):
+        scores = {"no operator anywhere": _heldout(ctx, {}, name)}
+    else:
+        scores = {"no operator anywhere": mine}  # the choices are no operator anywhere already
+    if len(mine.nll) >= MIN_HELDOUT_WINDOWS:
+        others["the paper's fit everywhere (sequential)"] = sequential_fits(ctx, fit_ghost, name, sinks=False).fits
+        scores["the paper's fit everywhere (sequential)"] = _heldout(ctx, others[
+            "the paper's fit everywhere (sequential)"], name)
+    better = [label for label, s in scores.items() if _replaces(label, s, mine)]
+    if not better:
         return fits, ""
+    best = min(better, key=lambda label: _mean(scores[label]))
+    new, old = _mean(scores[best]), _mean(mine)
     for row in rows:
         row["chosen"] = "none" if not others[best] else "paper"
-        row["reason"] += f"; replaced: {best} predicts the held-out windows better ({scores[best]:.4f} < {mine:.4f})"
-    return others[best], f"kept {best}: held-out NLL {scores[best]:.4f}, the gap-by-gap choices {mine:.4f}"
+        row["reason"] += f"; replaced: {best} predicts the held-out windows better ({new:.4f} < {old:.4f})"
+    return others[best], f"kept {best}: held-out NLL {new:.4f}, the gap-by-gap choices {old:.4f}"
+
+
+def _replaces(label: str, theirs: WindowScores, mine: WindowScores) -> bool:
+    """No operator anywhere replaces the choices when its held-out NLL is lower at all (never worse than
+    plain pruning); the paper's fit everywhere only when it is significantly lower."""
+    if _mean(theirs) >= _mean(mine):
+        return False
+    if label == "no operator anywhere":
+        return True
+    gain = significant_gain(theirs, mine)
+    return gain is not None and gain.known and gain.high < 0

@@ -40,11 +40,17 @@ def heldout_nll(run, method, held) -> float:
     return perplexity(run.results[method].model, held).nll
 
 
-def test_sequential_auto_is_never_worse_than_no_recovery_nor_sequential_ghost(runs):
+def test_sequential_auto_is_never_worse_than_no_recovery_and_ghost_only_without_significance(runs):
+    from ghosted.recovery.auto import significant_gain
+
     auto = heldout_nll(runs.seq, "ghost-auto", runs.held)
     # the same float32 forward passes on both sides of each comparison: round-off only
     assert auto <= heldout_nll(runs.seq, "none", runs.held) * (1 + TINY_MODEL_TOL)
-    assert auto <= heldout_nll(runs.seq, "ghost", runs.held) * (1 + TINY_MODEL_TOL)
+    if auto > heldout_nll(runs.seq, "ghost", runs.held) * (1 + TINY_MODEL_TOL):
+        # sequential ghost predicts the held-out windows better, but not significantly: the simpler is kept
+        scores = {m: perplexity(runs.seq.results[m].model, runs.held).scores for m in ("ghost", "ghost-auto")}
+        gain = significant_gain(scores["ghost"], scores["ghost-auto"])
+        assert gain is None or not gain.high < 0
 
 
 def test_sequential_auto_reports_each_choice_and_its_losses(runs):
@@ -56,25 +62,25 @@ def test_sequential_auto_reports_each_choice_and_its_losses(runs):
         losses = {c: row[f"nll_{c}"] for c in AUTO_CANDIDATES}
         assert all(torch.isfinite(torch.tensor(v)) for v in losses.values())
         assert "patched upstream" in row["reason"]
-        if "replaced" not in row["reason"]:  # the gap-by-gap pick is the lowest of its three losses
-            assert losses[row["chosen"]] == min(losses.values())
+        if "replaced" not in row["reason"]:  # the gap-by-gap pick: none unless a gain is significant
+            assert row["chosen"] == "none" or row[f"gain_{row['chosen']}_high"] < 0
+            assert losses[row["chosen"]] <= losses["none"]
     operated = {Gap(*map(int, r["boundary"].split("-"))) for r in rows if r["chosen"] != "none"}
     assert set(result.fits) == operated  # a gap where no operator won carries none
     assert any("sequential" in note for note in result.notes)
 
 
 def test_sequential_auto_fits_downstream_gaps_on_the_patched_stream(runs):
-    seq, ind = runs.seq.results["ghost-auto"], runs.ind.results["ghost-auto"]
+    # sequential ghost patches every gap (ghost-auto may keep none on these 4 held-out windows); its
+    # statistics come from the same upstream-patched passes ghost-auto's candidates are fitted on
+    seq, ind = runs.seq.results["ghost"], runs.ind.results["ghost-auto"]
     first = Gap(1, 2)
     # nothing upstream of the first gap: the same statistics as independent mode (float64 sums of the
     # same float32 states, another pass: round-off only)
     torch.testing.assert_close(seq.stats[first].xtx, ind.stats[first].xtx, rtol=TINY_MODEL_TOL, atol=0)
-    chosen = [r["chosen"] for r in seq.choices]
-    assert chosen[0] != "none", "the cut must patch the first gap for this test to say anything"
     # downstream of a patched gap, the candidates are fitted on other statistics than independent mode's
     second = Gap(3, 4)
     assert not torch.allclose(seq.stats[second].xtx, ind.stats[second].xtx, rtol=1e-3)
-    assert seq.choices != ind.choices
 
 
 def test_a_method_without_sequential_mode_says_so(runs):

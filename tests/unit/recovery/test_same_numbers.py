@@ -8,7 +8,8 @@ that changes one says which change and why, and records the new value from the n
 
 Two checks:
   * a tiny model (fast, in the unit tier): every closed-form method, independent and sequential, on a
-    non-contiguous cut whose three gaps make ``ghost-auto`` choose all three candidates;
+    non-contiguous cut with three gaps (``ghost-auto`` keeps no operator: since issue 24 a more complex
+    candidate must win significantly on the held-out windows, and none does on these four);
   * the bundled SmolLM2 model (slow): calibration 8 windows x 128 tokens of bundled:news plus 4
     held-out, layers 12-15 dropped, evaluation 2 windows of 256 tokens of bundled:wiki. The trained
     and cosine methods (streamline-*, replaceme-cos) are left out: too slow for a golden check.
@@ -39,7 +40,7 @@ TINY_GOLDEN = {
     "none": 142.37668586388736,
     "ghost": 154.81960444353464,
     "ghost-robust": 151.1472231102784,
-    "ghost-auto": 146.8491716098133,
+    "ghost-auto": 142.37668586388736,  # = none: 4 held-out windows show no significant gain (issue 24)
     "linearpatch-diag": 139.21591339530937,
     "replaceme-ls": 144.89074060993434,
     "ghost-lowrank": 154.82593347023825,
@@ -47,7 +48,7 @@ TINY_GOLDEN = {
     "ghost sequential": 148.64889958807734,
     "ghost-robust sequential": 152.71905724963608,
 }
-TINY_AUTO_CHOICES = [("1-2", "robust"), ("3-4", "none"), ("4-5", "paper")]
+TINY_AUTO_CHOICES = [("1-2", "none"), ("3-4", "none"), ("4-5", "none")]  # no gain significant on 4 windows
 
 # Bundled SmolLM2-135M-Instruct, layers 12-15 dropped (one block gap 12-16).
 BUNDLED_GOLDEN = {
