@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -65,3 +66,29 @@ def _seed():
 def _fresh_stats_cache(tmp_path_factory, monkeypatch):
     """Each test starts with an empty statistics cache of its own."""
     monkeypatch.setenv("GHOSTED_STATS_CACHE", str(tmp_path_factory.mktemp("stats")))
+
+
+from tests.guard.sitecustomize import refusing_the_bundled_gguf  # noqa: E402
+
+GUARD_SITE = Path(__file__).parent / "guard"  # sitecustomize.py: the guard for the processes a test starts
+
+
+@pytest.fixture(autouse=True)
+def _bundled_only_when_slow(request, monkeypatch):
+    """The fast tier never loads the bundled model: a unit test not marked slow that does fails.
+
+    In this process ``load_model`` asks ``bundled_gguf_path`` for the GGUF, which fails the test here (so
+    does converting the bundled GGUF given by its path, as a ``.gguf`` source); in a Python process the
+    test starts (a CLI run), ``tests/guard/sitecustomize.py`` does the same and exits with code 86.
+    Tests that use the `bundled` fixture are marked slow at collection, so they never get here.
+    """
+    if request.node.get_closest_marker("unit") is None or request.node.get_closest_marker("slow"):
+        return
+    from ghosted.models import loading
+
+    def refuse(*_args, **_kwargs):
+        pytest.fail("this test loads the bundled model: use the `bundled` fixture or mark it slow", pytrace=False)
+
+    monkeypatch.setattr(loading, "_gguf_to_safetensors", refusing_the_bundled_gguf(loading, refuse))
+    monkeypatch.setattr(loading, "bundled_gguf_path", refuse)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(GUARD_SITE), os.environ.get("PYTHONPATH")) if p))

@@ -279,6 +279,7 @@ APP_CASES = [
 ]
 
 
+@pytest.mark.slow  # the app loads the bundled model (the Model page's default) in its script thread
 @pytest.mark.parametrize("case", APP_CASES, ids=[c.name for c in APP_CASES])
 def test_app_refuses(case: AppCase, workdir, monkeypatch):
     from streamlit.testing.v1 import AppTest
