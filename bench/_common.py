@@ -5,13 +5,17 @@ each compares two or more things measured *in turn within one run* (round robin)
 median over rounds of the per-round ratio. Load that comes and goes hits every contender of a round
 alike and cancels in the ratio.
 
-Each script writes its own section of ``docs/BENCHMARKS.md`` (between ``<!-- bench:NAME -->``
-markers) with the command, the machine and the date, so one script can be rerun alone.
+Each script saves what it measured as ``docs/results/bench/NAME.json`` (``docs/results/curve/NAME.json``
+for the quality curves of docs/REPRODUCTION.md) and writes its section of the document from that file
+(between ``<!-- bench:NAME -->`` markers) with the command, the machine and the date, so one script can
+be rerun alone; ``python -m bench.docs`` rewrites every section from the committed files and
+tests/unit/project/test_docs_numbers.py fails when a section and its file disagree.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import multiprocessing as mp
 import os
 import platform
@@ -25,13 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "docs" / "BENCHMARKS.md"
-HEADER = """# Benchmarks
-
-Every number here is a **ratio of two things measured side by side in one run** (round robin; the
-median over rounds of the per-round ratio), so it holds on a loaded machine. Absolute seconds are
-given for orientation only. Each section names the command that regenerates it; `python -m
-bench.all` reruns every section (about 15-25 minutes on 2 idle cores).
-"""
+REPRODUCTION = ROOT / "docs" / "REPRODUCTION.md"
+RESULTS = ROOT / "docs" / "results"  # committed results files, one per generated block
+SECTION_DOCS = {"bench": REPORT, "curve": REPRODUCTION}  # kind of section -> the document that holds it
 
 
 def ensure_path() -> None:
@@ -149,13 +149,7 @@ def in_child(job: Callable, *args, timeout: float = 3600):
 
 
 ORDER = ["calibration_speed", "depth", "calibration_memory", "shared_eval", "overhead", "solve_width",
-         "vs_official"]  # section order in docs/BENCHMARKS.md (and the order bench.all runs them)
-
-
-def _sections(text: str) -> dict[str, str]:
-    """Existing sections of the report by name (the header is rewritten every time)."""
-    found = re.finditer(r"<!-- bench:(\w+) -->.*?<!-- /bench:\1 -->", text, re.S)
-    return {m.group(1): m.group(0) for m in found}
+         "vs_official"]  # the order bench.all runs them in (a new section goes at the end of its document)
 
 
 def command_line(name: str, argv: list[str] | None) -> str:
@@ -164,18 +158,35 @@ def command_line(name: str, argv: list[str] | None) -> str:
     return " ".join([f"python -m bench.{name}", *given])
 
 
-def write_section(name: str, title: str, argv: list[str] | None, body: str) -> None:
-    """Replace (or append) this benchmark's section of docs/BENCHMARKS.md (``argv``: the run's arguments),
-    and print its body."""
-    section = (f"<!-- bench:{name} -->\n## {title}\n\n`{command_line(name, argv)}`, {today()}; {machine()}.\n\n"
-               f"{body.strip()}\n<!-- /bench:{name} -->")
-    sections = _sections(REPORT.read_text()) if REPORT.exists() else {}
-    sections[name] = section
-    ordered = sorted(sections, key=lambda n: ORDER.index(n) if n in ORDER else len(ORDER))
-    REPORT.parent.mkdir(parents=True, exist_ok=True)
-    REPORT.write_text(HEADER + "\n" + "\n\n".join(sections[n] for n in ordered) + "\n")
-    print(f"wrote section '{name}' of {REPORT.relative_to(ROOT)}", file=sys.stderr)
+def section_path(kind: str, name: str) -> Path:
+    """The results file of one section: docs/results/<kind>/<name>.json."""
+    return RESULTS / kind / f"{name}.json"
+
+
+def render_section(record: dict) -> str:
+    """A section's Markdown from its results file: title, the command that regenerates it, date, machine, body."""
+    return (f"## {record['title']}\n\n`{record['command']}`, {record['date']}; {record['machine']}.\n\n"
+            f"{record['body'].strip()}")
+
+
+def save_section(kind: str, name: str, title: str, argv: list[str] | None, body: str) -> None:
+    """Save one measurement as its results file and write its section of the document from it; print the body."""
+    from ghosted.core.docblocks import markers, write_block
+
+    record = {"title": title, "command": command_line(name, argv), "date": today(), "machine": machine(),
+              "body": body.strip()}
+    path = section_path(kind, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    doc = SECTION_DOCS[kind]
+    write_block(doc, *markers(f"{kind}:{name}"), render_section(record), append=True)
+    print(f"wrote {path.relative_to(ROOT)} and its section of {doc.relative_to(ROOT)}", file=sys.stderr)
     print(body)
+
+
+def write_section(name: str, title: str, argv: list[str] | None, body: str) -> None:
+    """This benchmark's section of docs/BENCHMARKS.md (``argv``: the run's arguments), through its results file."""
+    save_section("bench", name, title, argv, body)
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -209,20 +220,9 @@ def warm(model) -> None:
         model(input_ids=torch.ones(1, 8, dtype=torch.long), use_cache=False)
 
 
-REPRODUCTION = ROOT / "docs" / "REPRODUCTION.md"
-
-
 def write_reproduction_section(name: str, title: str, argv: list[str] | None, body: str) -> None:
-    """Replace (or append at the end) the ``<!-- curve:NAME -->`` section of docs/REPRODUCTION.md.
+    """The ``<!-- curve:NAME -->`` section of docs/REPRODUCTION.md, through its results file.
 
-    For measurements of quality (perplexity curves) rather than speed; same layout as
-    ``write_section``: title, the command that regenerates it, the date and machine, the body.
+    For measurements of quality (perplexity curves) rather than speed; same layout as ``write_section``.
     """
-    section = (f"<!-- curve:{name} -->\n## {title}\n\n`{command_line(name, argv)}`, {today()}; {machine()}.\n\n"
-               f"{body.strip()}\n<!-- /curve:{name} -->")
-    doc = REPRODUCTION.read_text()
-    pattern = re.compile(rf"<!-- curve:{name} -->.*?<!-- /curve:{name} -->", re.S)
-    doc = pattern.sub(lambda _: section, doc) if pattern.search(doc) else doc.rstrip("\n") + "\n\n" + section + "\n"
-    REPRODUCTION.write_text(doc)
-    print(f"wrote section '{name}' of {REPRODUCTION.relative_to(ROOT)}", file=sys.stderr)
-    print(body)
+    save_section("curve", name, title, argv, body)

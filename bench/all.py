@@ -1,7 +1,6 @@
 """Rerun every benchmark in turn; each rewrites its own section of docs/BENCHMARKS.md.
 
-Command: ``python -m bench.all [--skip vs_official,...]`` (about 15-25 minutes on 2 idle cores;
-each benchmark alone takes a few minutes: ``python -m bench.NAME``).
+Command: ``python -m bench.all [--skip vs_official,...]`` (each benchmark alone: ``python -m bench.NAME``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,12 @@
-"""Regenerate the table of docs/REPRODUCTION.md from the reproduction grid.
+"""Regenerate the grid of docs/REPRODUCTION.md (and every number quoted from it) from the reproduction grid.
 
 Runs ``ghosted.experiments.grid.run_grid`` with the defaults of ``python -m ghosted grid`` (or reads a grid.json
-that command already wrote, ``--from DIR``), writes grid.csv / grid.md / grid.json to ``--out-dir``,
-and replaces the block between ``<!-- grid:table -->`` and ``<!-- /grid:table -->`` in
-docs/REPRODUCTION.md with the tables, the protocol, the layers each criterion chose and the wall time.
+that command already wrote, ``--from DIR``), writes grid.csv / grid.md / grid.json to ``--out-dir``, saves the
+grid as the committed results file ``docs/results/grid.json`` (with the date, machine and commands that made
+it), and rewrites every block generated from that file (``python -m bench.docs``): the block between
+``<!-- grid:table -->`` and ``<!-- /grid:table -->`` in docs/REPRODUCTION.md (the tables, the protocol, the
+layers each criterion chose and the wall time) and the sentences of README.md and REPRODUCTION.md that
+quote the grid.
 
 Command: ``python -m bench.grid [--out-dir grid] [--eval-tokens 8192] [--calib-seqs 32]``
 or, after ``python -m ghosted grid --out-dir grid``: ``python -m bench.grid --from grid``.
@@ -13,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ROOT, ensure_path, machine, today
+from bench._common import RESULTS, ROOT, ensure_path, machine, today
 
 ensure_path()
 
@@ -30,22 +32,39 @@ from ghosted.core.progress import TqdmProgress  # noqa: E402
 from ghosted.experiments.grid import GridConfig, GridResult, run_grid  # noqa: E402
 
 DOC = ROOT / "docs" / "REPRODUCTION.md"
+RESULT_FILE = RESULTS / "grid.json"  # the committed grid every generated grid number comes from
 
 
 def load_result(folders: str) -> tuple[GridResult, list[str]]:
     """The grid(s) in comma-separated folders, merged, and the command that made each one."""
-    frames, metas = [], []
-    for folder in [f for f in folders.split(",") if f]:
-        payload = json.loads((Path(folder) / "grid.json").read_text())
-        frames.append(pd.DataFrame(payload["rows"]))
-        metas.append(payload["meta"])
+    payloads = [json.loads((Path(folder) / "grid.json").read_text()) for folder in folders.split(",") if folder]
+    return merge(payloads), [grid_command(p["meta"]["config"]) for p in payloads]
+
+
+def merge(payloads: list[dict]) -> GridResult:
+    """Several grid.json payloads as one grid: their rows, and the first one's meta with the others' added."""
+    frames = [pd.DataFrame(p["rows"]) for p in payloads]
+    metas = [p["meta"] for p in payloads]
     meta = dict(metas[0])
     for key in ("selections", "settings"):
         meta[key] = {k: v for m in metas for k, v in m.get(key, {}).items()}
     meta["notes"] = [n for m in metas for n in m.get("notes", [])]
     meta["seconds"] = sum(m.get("seconds", 0) for m in metas)
     meta["influence_seconds"] = sum(m.get("influence_seconds", 0) for m in metas)
-    return GridResult(pd.concat(frames, ignore_index=True), meta), [grid_command(m["config"]) for m in metas]
+    return GridResult(pd.concat(frames, ignore_index=True), meta)
+
+
+def read_results(path: Path = RESULT_FILE) -> GridResult:
+    """The committed grid (docs/results/grid.json)."""
+    return merge([json.loads(path.read_text(encoding="utf-8"))])
+
+
+def save_results(result: GridResult, commands: list[str], path: Path = RESULT_FILE) -> None:
+    """Save the grid as the committed results file, with when, where and how it was made."""
+    meta = {**result.meta, "generated": {"date": today(), "machine": machine(), "commands": commands}}
+    rows = json.loads(result.frame.to_json(orient="records"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n", encoding="utf-8")
 
 
 def grid_command(config: dict) -> str:
@@ -62,18 +81,22 @@ def grid_command(config: dict) -> str:
     return " ".join(parts)
 
 
-def block(result: GridResult, commands: list[str]) -> str:
-    """The generated part of REPRODUCTION.md: tables, selections, protocol, wall time."""
+def block(result: GridResult) -> str:
+    """The generated grid of REPRODUCTION.md: where it comes from, tables, selections, protocol, wall time."""
     meta, cfg = result.meta, result.meta.get("config", {})
+    made = meta.get("generated", {})
     cal = meta.get("calibration", {})
     picks = "\n".join(f"- {k}: layers {v['layers']} ({v['criterion']})" for k, v in meta.get("selections", {}).items())
     notes = "".join(f"\n- {n}" for n in meta.get("notes", []))
-    timing = ", ".join(f"{k}: fit {v['fit_seconds']} s, evaluation {v['eval_seconds']} s"
-                       for k, v in meta.get("settings", {}).items())
-    made = " and ".join(f"`{c}`" for c in commands)
-    return (f"Generated {today()} from {made} on {machine()}; the grid took "
-            f"**{meta.get('seconds', 0) / 60:.1f} minutes** (influence pass {meta.get('influence_seconds')} s; "
-            f"per layer set: {timing}).\n\n"
+    commands = " and ".join(f"`{c}`" for c in made.get("commands", []))
+    head = f"From `docs/results/grid.json`, made {made.get('date')} by {commands} on {made.get('machine')}"
+    if meta.get("seconds"):
+        timing = ", ".join(f"{k}: fit {v['fit_seconds']} s, evaluation {v['eval_seconds']} s"
+                           for k, v in meta.get("settings", {}).items())
+        head += (f"; the grid took **{meta['seconds'] / 60:.1f} minutes** (influence pass "
+                 f"{meta.get('influence_seconds')} s; per layer set: {timing})")
+    provenance = f"\n\n{meta['provenance']}" if meta.get("provenance") else ""
+    return (f"{head}.{provenance}\n\n"
             f"Model: {meta.get('model')}. Calibration: {cal.get('source')} ({cal.get('part')} part), "
             f"{cal.get('n_windows')} x {cal.get('seq_len')} tokens fitted + {cfg.get('heldout_seqs')} held-out "
             f"windows, seed {cfg.get('seed')}. Bold: the best recovery method in the row (dense and none excluded).\n\n"
@@ -83,34 +106,24 @@ def block(result: GridResult, commands: list[str]) -> str:
 
 
 def auto_choices(frame: pd.DataFrame) -> list[str]:
-    """What ghost-auto chose per setting: its reported choice, or else the fit whose perplexity it shares."""
+    """What ghost-auto chose per setting: its reported choice, or else the fit whose perplexity it shares
+    on every evaluation text (one text alone can tie by chance, more so in a grid rounded as printed)."""
     lines = []
-    first_text = frame["eval"].iloc[0]
-    for (selection, n, layers), group in frame[frame["eval"] == first_text].groupby(["selection", "n", "layers"],
-                                                                                   sort=False):
-        ppl = dict(zip(group.method, group.ppl))
-        if "ghost-auto" not in ppl:
+    for (selection, n, layers), group in frame.groupby(["selection", "n", "layers"], sort=False):
+        by_text = [dict(zip(g.method, g.ppl)) for _, g in group.groupby("eval", sort=False)]
+        if any("ghost-auto" not in ppl for ppl in by_text):
             continue
         auto = group[group.method == "ghost-auto"]
         if "chosen" in group and isinstance(auto.chosen.iloc[0], str):
             chose = auto.chosen.iloc[0]
-        elif ppl["ghost-auto"] == ppl.get("ghost"):
+        elif all(ppl["ghost-auto"] == ppl.get("ghost") for ppl in by_text):
             chose = "paper (same perplexity as ghost)"
-        elif ppl["ghost-auto"] == ppl.get("ghost-robust"):
+        elif all(ppl["ghost-auto"] == ppl.get("ghost-robust") for ppl in by_text):
             chose = "robust (same perplexity as ghost-robust)"
         else:
             chose = "a mix of paper and robust fits across gaps"
         lines.append(f"- {selection} {n} ({layers}): {chose}")
     return lines
-
-
-def write_block(text: str) -> None:
-    doc = DOC.read_text()
-    pattern = re.compile(r"<!-- grid:table -->.*?<!-- /grid:table -->", re.S)
-    if not pattern.search(doc):
-        raise RuntimeError(f"{DOC} has no <!-- grid:table --> ... <!-- /grid:table --> block to replace.")
-    DOC.write_text(pattern.sub(lambda _: f"<!-- grid:table -->\n{text}\n<!-- /grid:table -->", doc))
-    print(f"updated {DOC.relative_to(ROOT)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> GridResult:
@@ -133,7 +146,10 @@ def main(argv: list[str] | None = None) -> GridResult:
                         (("eval_tokens", args.eval_tokens), ("calib_seqs", args.calib_seqs))
                         if v != default[k])
         commands = [f"python -m bench.grid{extra}"]
-    write_block(block(result, commands))
+    save_results(result, commands)
+    from bench.docs import write_all
+
+    write_all()
     return result
 
 

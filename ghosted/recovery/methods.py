@@ -108,8 +108,8 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            "per gap, `ghost`, `ghost-robust` or no operator (plain pruning at that gap), whichever gives the lower "
            "next-token NLL on held-out calibration windows, so never worse than no recovery on those windows; "
            "reports what it chose, the three NLLs and why (with `--ghost-mode sequential`, gap by gap on the stream "
-           "patched upstream with the choices made so far). Never worse than `ghost` beyond noise on the "
-           "reproduction grid, and up to 7.6 x better (see below)",
+           "patched upstream with the choices made so far). How it compares with `ghost` on the reproduction grid: "
+           "see below",
            GHOSTED, STREAM, "per --granularity", GRAM_SINK, "required",
            fit="ghosted.recovery.auto:fit_auto", scope="run", uses_sinks=True, sequential=True, conditioning=True),
     Method("linearpatch-diag", "LinearPatch: per-channel scaling",
@@ -251,15 +251,9 @@ def markdown_table() -> str:
 
 def update_readme(path="README.md") -> bool:
     """Write ``markdown_table()`` between the markers of ``path``; True if the file changed."""
-    from pathlib import Path
+    from ghosted.core.docblocks import write_block
 
-    text = Path(path).read_text(encoding="utf-8")
-    head, rest = text.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    new = f"{head}{README_START}\n{markdown_table()}\n{README_END}{tail}"
-    if new != text:
-        Path(path).write_text(new, encoding="utf-8")
-    return new != text
+    return write_block(path, README_START, README_END, markdown_table())
 
 
 def text_table() -> str:

@@ -1,0 +1,129 @@
+"""Write every generated block of README.md and docs/*.md from the committed results files.
+
+Each number the documents quote sits between two markers (``ghosted.core.docblocks``) and is rendered here
+from a file under ``docs/results/`` (or, for the method table, from the registry). ``python -m bench.docs``
+rewrites every block; ``python -m bench.docs --check`` only lists the blocks that differ (exit code 1).
+tests/unit/project/test_docs_numbers.py renders them again and fails when a document and its file disagree.
+
+Where each block comes from:
+
+- ``methods`` (README): the method registry, ``ghosted.recovery.methods.markdown_table``;
+- ``bench:NAME`` (docs/BENCHMARKS.md), ``curve:NAME`` (docs/REPRODUCTION.md): ``docs/results/bench/NAME.json``,
+  ``docs/results/curve/NAME.json``, written by ``python -m bench.NAME``;
+- ``grid:table`` and the ``grid:*`` sentences (README, docs/REPRODUCTION.md): ``docs/results/grid.json``,
+  written by ``python -m bench.grid``;
+- ``run:*`` (README, docs/REPRODUCTION.md): a ``python -m ghosted run --out`` results file in
+  ``docs/results/runs/``, rendered by ``bench.run_tables``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import RESULTS, ROOT, SECTION_DOCS, ensure_path, render_section
+
+ensure_path()
+
+from ghosted.core.docblocks import markers, read_block, write_block  # noqa: E402
+
+README = ROOT / "README.md"
+REPRODUCTION = ROOT / "docs" / "REPRODUCTION.md"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One generated block: the document, its markers, where its numbers come from, and how to render it."""
+
+    doc: Path
+    name: str
+    source: str  # the results file (relative to the repository) or the code it is rendered from
+    render: Callable[[], str]
+    start: str = ""  # markers; empty: markers(name)
+    end: str = ""
+
+    @property
+    def pair(self) -> tuple[str, str]:
+        return (self.start, self.end) if self.start else markers(self.name)
+
+
+def _section(kind: str, path: Path) -> Block:
+    return Block(SECTION_DOCS[kind], f"{kind}:{path.stem}", str(path.relative_to(ROOT)),
+                 lambda: render_section(json.loads(path.read_text(encoding="utf-8"))))
+
+
+def _grid(name: str, doc: Path, fact: str) -> Block:
+    def render() -> str:
+        from bench import grid, grid_facts
+
+        result = grid.read_results()
+        return grid.block(result) if fact == "block" else getattr(grid_facts, fact)(result.frame)
+
+    return Block(doc, name, "docs/results/grid.json", render)
+
+
+def _run(name: str, doc: Path, file: str, table: str) -> Block:
+    def render() -> str:
+        from bench import run_tables
+
+        return getattr(run_tables, table)(json.loads((RESULTS / "runs" / file).read_text(encoding="utf-8")))
+
+    return Block(doc, name, f"docs/results/runs/{file}", render)
+
+
+def _methods() -> Block:
+    from ghosted.recovery import methods
+
+    return Block(README, "methods", "ghosted/recovery/methods.py (the registry)", methods.markdown_table,
+                 methods.README_START, methods.README_END)
+
+
+def blocks() -> list[Block]:
+    """Every generated block of the documents, in document order."""
+    found = [_methods(),
+             _grid("grid:readme", README, "readme_sentence"),
+             _grid("grid:table", REPRODUCTION, "block"),
+             _grid("grid:reading", REPRODUCTION, "rerun_reading"),
+             _grid("grid:ordering", REPRODUCTION, "paper_ordering"),
+             _grid("grid:sink-cell", REPRODUCTION, "sink_cell"),
+             _grid("grid:questions", REPRODUCTION, "three_questions")]
+    for kind in SECTION_DOCS:
+        found += [_section(kind, path) for path in sorted((RESULTS / kind).glob("*.json"))]
+    return found
+
+
+def stale() -> list[Block]:
+    """The blocks whose text in the document is not what their results file renders (or that are missing)."""
+    out = []
+    for block in blocks():
+        text = read_block(block.doc.read_text(encoding="utf-8"), *block.pair)
+        if text is None or text.strip() != block.render().strip():
+            out.append(block)
+    return out
+
+
+def write_all() -> list[Block]:
+    """Rewrite every block from its source; the blocks that changed."""
+    return [b for b in blocks() if write_block(b.doc, *b.pair, b.render())]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="only list the blocks that differ from their files")
+    args = p.parse_args(argv)
+    changed = stale() if args.check else write_all()
+    for block in changed:
+        verb = "differs from" if args.check else "rewritten from"
+        print(f"{block.doc.relative_to(ROOT)} <!-- {block.name} --> {verb} {block.source}", file=sys.stderr)
+    return 1 if args.check and changed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
