@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-REFERENCE = ("dense", "none")  # not recovery methods
+from ghosted.recovery.methods import BASELINE_METHOD as NONE, RECOVERY, REFERENCE_METHOD as DENSE, with_role
+
 TRAINED = ("streamline-ffn", "streamline-layer")  # LLM-Streamline's trained replacements
 ITERATIVE = ("replaceme-cos",)  # fitted by Adam, not in closed form
 PAPER_SELECTIONS = ("streamline", "shortgpt")  # the paper's own criteria (its released code's sequence-axis rules)
@@ -49,7 +50,7 @@ class Cell:
         return method, have[method]
 
     def recovery(self) -> list[str]:
-        return [m for m in self.ppl if m not in REFERENCE]
+        return with_role(self.ppl, RECOVERY)
 
     def closed_forms(self) -> list[str]:
         return [m for m in self.recovery() if m not in TRAINED + ITERATIVE]
@@ -69,12 +70,12 @@ def _listing(items: list[str]) -> str:
 
 def auto_against_paper(grid: list[Cell]) -> dict:
     """ghost-auto against the paper's fit (ghost) and no recovery, cell by cell."""
-    both = [c for c in grid if {"ghost", "ghost-auto", "none"} <= set(c.ppl)]
+    both = [c for c in grid if {"ghost", "ghost-auto", NONE} <= set(c.ppl)]
     return {"cells": both,
             "better": [c for c in both if c.ppl["ghost-auto"] < c.ppl["ghost"]],
             "same": [c for c in both if c.ppl["ghost-auto"] == c.ppl["ghost"]],
             "worse": [c for c in both if c.ppl["ghost-auto"] > c.ppl["ghost"]],
-            "above_none": [c for c in both if c.ppl["ghost-auto"] > c.ppl["none"]],
+            "above_none": [c for c in both if c.ppl["ghost-auto"] > c.ppl[NONE]],
             "biggest_win": min(both, key=lambda c: c.ppl["ghost-auto"] / c.ppl["ghost"])}
 
 
@@ -96,7 +97,7 @@ def readme_sentence(frame: pd.DataFrame) -> str:
             f"[docs/REPRODUCTION.md](docs/REPRODUCTION.md)) `ghost-auto` matched or beat the paper's fit in "
             f"{total - len(worse)} of {total} cells{exceptions}, {versus_none}, and where it gained most, "
             f"{win.name}, scored {fmt(win.ppl['ghost-auto'])} against the paper's {fmt(win.ppl['ghost'])} and "
-            f"{fmt(win.ppl['none'])} unrecovered.")
+            f"{fmt(win.ppl[NONE])} unrecovered.")
 
 
 def three_questions(frame: pd.DataFrame) -> str:
@@ -109,7 +110,7 @@ def three_questions(frame: pd.DataFrame) -> str:
     gain_range = f" (by {min(gains, key=float)} % to {max(gains, key=float)} %)" if gains else ""
     worse_text = _listing([f"{c.name}, {fmt(c.ppl['ghost-auto'])} against {fmt(c.ppl['ghost'])} "
                            f"(+{pct(c.ppl['ghost-auto'], c.ppl['ghost'])} %)" for c in worse])
-    closest = min(facts["cells"], key=lambda c: c.ppl["none"] / c.ppl["ghost-auto"])
+    closest = min(facts["cells"], key=lambda c: c.ppl[NONE] / c.ppl["ghost-auto"])
     above = facts["above_none"]
     largest = max(c.n for c in grid)
     wins = [f"{c.name}: {fmt(c.ppl['ghost-auto'])} against {fmt(c.ppl['ghost'])} "
@@ -123,7 +124,7 @@ def three_questions(frame: pd.DataFrame) -> str:
         "2. **Is it ever worse than no recovery?** "
         + ("No. " if not above else f"Yes, in {len(above)} cells ({_listing([c.name for c in above])}). ")
         + f"The closest cell: {closest.name}, {fmt(closest.ppl['ghost-auto'])} against "
-        f"{fmt(closest.ppl['none'])}.",
+        f"{fmt(closest.ppl[NONE])}.",
         f"3. **By how much does it win at {largest} layers?** " + "; ".join(wins) + ".",
     ])
 
@@ -135,11 +136,11 @@ def paper_ordering(frame: pd.DataFrame) -> str:
     held, broken, lines = [], [], []
     for c in grid:
         linearpatch = min(c.ppl["linearpatch-diag"], c.ppl["linearpatch-rotate"])
-        order = c.ppl["ghost"] < c.ppl["replaceme-ls"] < linearpatch < c.ppl["none"]
+        order = c.ppl["ghost"] < c.ppl["replaceme-ls"] < linearpatch < c.ppl[NONE]
         (held if order else broken).append(c)
         lines.append(f"- {c.name}: ghost {fmt(c.ppl['ghost'])}, ReplaceMe-LS {fmt(c.ppl['replaceme-ls'])}, "
                 f"LinearPatch-D {fmt(c.ppl['linearpatch-diag'])}, -R {fmt(c.ppl['linearpatch-rotate'])}, "
-                f"pruned {fmt(c.ppl['none'])} (dense {fmt(c.ppl['dense'])})")
+                f"pruned {fmt(c.ppl[NONE])} (dense {fmt(c.ppl[DENSE])})")
     head = (f"With the paper's own selections ({', '.join(PAPER_SELECTIONS)}: the released code's sequence-axis "
             f"cosine), the paper's ordering ghost < ReplaceMe-LS < LinearPatch (the better of D and R) < no "
             f"recovery holds in {len(held)} of {len(grid)} cells"
@@ -150,15 +151,15 @@ def paper_ordering(frame: pd.DataFrame) -> str:
 def sink_cell(frame: pd.DataFrame) -> str:
     """REPRODUCTION: the cell where the paper's fit does worst against no recovery, method by method."""
     grid = cells(frame)
-    worst = max((c for c in grid if "ghost" in c.ppl), key=lambda c: c.ppl["ghost"] / c.ppl["none"])
+    worst = max((c for c in grid if "ghost" in c.ppl), key=lambda c: c.ppl["ghost"] / c.ppl[NONE])
     same_set = [c for c in grid if (c.selection, c.n, c.layers) == (worst.selection, worst.n, worst.layers)]
     lines = []
     for c in same_set:
-        verdict = "worse than" if c.ppl["ghost"] > c.ppl["none"] else "better than"
+        verdict = "worse than" if c.ppl["ghost"] > c.ppl[NONE] else "better than"
         others = ", ".join(f"{m} {fmt(c.ppl[m])}" for m in ("replaceme-ls", *TRAINED, "ghost-robust", "ghost-auto")
                            if m in c.ppl)
         lines.append(f"- {c.name}: the paper's fit {fmt(c.ppl['ghost'])}, {verdict} no recovery "
-                     f"({fmt(c.ppl['none'])}); {others}")
+                     f"({fmt(c.ppl[NONE])}); {others}")
     return "\n".join(lines)
 
 
@@ -177,8 +178,8 @@ def rerun_reading(frame: pd.DataFrame) -> str:
             lines.append(f"- `ghost-lowrank` against `ghost` at {n} layers: from {min(gaps) * 100:+.1f} % to "
                          f"{max(gaps) * 100:+.1f} %")
     for method in ("prunecomp", "replaceme-cos"):
-        above = [f"{c.name} ({fmt(c.ppl[method])} against {fmt(c.ppl['none'])})" for c in grid
-                 if method in c.ppl and c.ppl[method] > c.ppl["none"]]
+        above = [f"{c.name} ({fmt(c.ppl[method])} against {fmt(c.ppl[NONE])})" for c in grid
+                 if method in c.ppl and c.ppl[method] > c.ppl[NONE]]
         lines.append(f"- `{method}` worse than no recovery: {_listing(above)}")
     gaps = [(c.ppl["ghost-auto"] / c.best(c.closed_forms())[1] - 1, c) for c in grid if "ghost-auto" in c.ppl]
     gap, cell = max(gaps, key=lambda g: g[0])

@@ -7,7 +7,7 @@ command, the protocol and the numbers cannot drift apart.
 
 from __future__ import annotations
 
-REFERENCE = ("dense", "none")  # not recovery methods: never bold
+from ghosted.recovery.methods import BASELINE_METHOD, RECOVERY, REFERENCE_METHOD, label_of, role_of
 
 
 def run_command(report: dict) -> str:
@@ -28,8 +28,8 @@ def protocol_text(report: dict) -> str:
 
 
 def _label(entry: dict) -> str:
-    if entry["method"] == "none":
-        return "none (pruned)"
+    if entry["method"] == BASELINE_METHOD:
+        return f"{BASELINE_METHOD} ({label_of(BASELINE_METHOD)})"
     chosen = sorted({part.split(":")[-1].strip() for part in entry.get("chosen", "").split(",") if part})
     return f"{entry['method']} (chose {' and '.join(chosen)})" if chosen else entry["method"]
 
@@ -37,13 +37,14 @@ def _label(entry: dict) -> str:
 def sinks_table(report: dict) -> str:
     """README: perplexity and held-out boundary error of each method where the sink is born in the block."""
     results = {e["method"]: e for e in report["results"]}
-    recovered = {m: e["ppl"] for m, e in results.items() if m not in REFERENCE}
+    recovered = {m: e["ppl"] for m, e in results.items() if role_of(m) == RECOVERY}
     best = min(recovered.values())
-    dense = f"; dense perplexity on these tokens: {results['dense']['ppl']:.1f}" if "dense" in results else ""
+    dense = (f"; dense perplexity on these tokens: {results[REFERENCE_METHOD]['ppl']:.1f}"
+             if REFERENCE_METHOD in results else "")
     lines = [f"Measured with `{run_command(report)}` ({protocol_text(report)}{dense}):", "",
              "| method | perplexity | held-out boundary error (share of ‖Δ‖² left) |", "|---|---|---|"]
     for method, entry in results.items():
-        if method == "dense":
+        if method == REFERENCE_METHOD:
             continue
         ppl = f"{entry['ppl']:.1f}"
         error = entry.get("heldout_boundary_error")

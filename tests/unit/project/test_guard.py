@@ -33,7 +33,8 @@ def test_loading_the_bundled_model_fails_a_fast_test(by_path):
 
 def test_a_process_the_test_starts_cannot_load_it_either():
     """One process (each costs an interpreter with torch), by name: the path takes the same patch."""
-    proc = subprocess.run([sys.executable, "-c", LOAD.format(source="")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", LOAD.format(source="")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
     assert proc.returncode == 86 and "loaded" not in proc.stdout
     assert "fast-tier guard" in proc.stderr and "marked slow" in proc.stderr
 
