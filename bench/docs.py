@@ -88,6 +88,7 @@ def _methods() -> Block:
 def blocks() -> list[Block]:
     """Every generated block of the documents, in document order."""
     found = [_methods(),
+             _run("run:sinks", README, "sinks.json", "sinks_table"),
              _grid("grid:readme", README, "readme_sentence"),
              _grid("grid:table", REPRODUCTION, "block"),
              _grid("grid:reading", REPRODUCTION, "rerun_reading"),

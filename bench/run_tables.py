@@ -7,6 +7,8 @@ command, the protocol and the numbers cannot drift apart.
 
 from __future__ import annotations
 
+import re
+
 from ghosted.recovery.methods import BASELINE_METHOD, RECOVERY, REFERENCE_METHOD, label_of, role_of
 
 
@@ -30,7 +32,7 @@ def protocol_text(report: dict) -> str:
 def _label(entry: dict) -> str:
     if entry["method"] == BASELINE_METHOD:
         return f"{BASELINE_METHOD} ({label_of(BASELINE_METHOD)})"
-    chosen = sorted({part.split(":")[-1].strip() for part in entry.get("chosen", "").split(",") if part})
+    chosen = sorted(set(re.findall(r":\s*([\w-]+)", entry.get("chosen", ""))))  # "<gap>: robust, <gap>: paper"
     return f"{entry['method']} (chose {' and '.join(chosen)})" if chosen else entry["method"]
 
 
