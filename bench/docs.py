@@ -122,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     changed = stale() if args.check else write_all()
     for block in changed:
         verb = "differs from" if args.check else "rewritten from"
-        print(f"{block.doc.relative_to(ROOT)} <!-- {block.name} --> {verb} {block.source}", file=sys.stderr)
+        doc = block.doc.relative_to(ROOT) if block.doc.is_relative_to(ROOT) else block.doc
+        print(f"{doc} <!-- {block.name} --> {verb} {block.source}", file=sys.stderr)
     return 1 if args.check and changed else 0
 
 

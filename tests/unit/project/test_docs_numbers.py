@@ -18,7 +18,7 @@ from ghosted.core.docblocks import read_block
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-OPENING = re.compile(r"<!-- ([\w:-]+) -->")  # a block's opening marker (its closing one is <!-- /NAME -->)
+OPENING = re.compile(r"^<!-- ([\w:-]+) -->$", re.M)  # a block's opening marker, on a line of its own
 NOT_GENERATED = {"quickstart"}  # marked code that a test runs instead (tests/unit/project/test_quickstart.py)
 
 
