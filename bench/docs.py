@@ -13,7 +13,8 @@ Where each block comes from:
 - ``grid:table`` and the ``grid:*`` sentences (README, docs/REPRODUCTION.md): ``docs/results/grid.json``,
   written by ``python -m bench.grid``;
 - ``run:*`` (README, docs/REPRODUCTION.md): a ``python -m ghosted run --out`` results file in
-  ``docs/results/runs/``, rendered by ``bench.run_tables``.
+  ``docs/results/runs/``, rendered by ``bench.run_tables``;
+- ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``.
 """
 
 from __future__ import annotations
@@ -85,6 +86,17 @@ def _methods() -> Block:
                  methods.README_START, methods.README_END)
 
 
+def _classroom_load() -> Block:
+    """docs/DEPLOY.md's sentence on a class at once, from bench/results/load.json (empty until measured)."""
+    def render() -> str:
+        from bench import load
+
+        results = load.load_results()
+        return load.deploy_sentence(results) if results["cells"] else ""
+
+    return Block(ROOT / "docs" / "DEPLOY.md", "load:classroom", "bench/results/load.json", render)
+
+
 def blocks() -> list[Block]:
     """Every generated block of the documents, in document order."""
     found = [_methods(),
@@ -94,7 +106,8 @@ def blocks() -> list[Block]:
              _grid("grid:reading", REPRODUCTION, "rerun_reading"),
              _grid("grid:ordering", REPRODUCTION, "paper_ordering"),
              _grid("grid:sink-cell", REPRODUCTION, "sink_cell"),
-             _grid("grid:questions", REPRODUCTION, "three_questions")]
+             _grid("grid:questions", REPRODUCTION, "three_questions"),
+             _classroom_load()]
     for kind in SECTION_DOCS:
         found += [_section(kind, path) for path in sorted((RESULTS / kind).glob("*.json"))]
     return found

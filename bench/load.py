@@ -311,11 +311,9 @@ def write_report(results: dict, argv: list[str] | None) -> None:
             "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
             "title, while that session's run was being computed. Cells not listed were not run.")
     write_section("load", "A class at once: N browser sessions on one demo server", argv, body)
-    text = DEPLOY.read_text()
-    block = f"<!-- load:classroom -->\n{deploy_sentence(results)}\n<!-- /load:classroom -->"
-    if "<!-- load:classroom -->" in text:
-        text = re.sub(r"<!-- load:classroom -->.*?<!-- /load:classroom -->", lambda m: block, text, flags=re.S)
-        DEPLOY.write_text(text)
+    from ghosted.core.docblocks import markers, write_block
+
+    write_block(DEPLOY, *markers("load:classroom"), deploy_sentence(results))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,7 +45,8 @@ def replace_block(text: str, start: str, end: str, body: str, append: bool = Fal
     Without the markers: the block is added at the end when ``append``, otherwise it is an error
     (a document that lost its markers must not silently lose its numbers)."""
     span = _span(text, start, end)
-    block = f"\n{body.strip(chr(10))}\n"
+    body = body.strip("\n")
+    block = f"\n{body}\n" if body else "\n"  # an empty block keeps its markers on consecutive lines
     if span is None:
         if not append:
             raise ValueError(f"no {start} ... {end} block to replace")
