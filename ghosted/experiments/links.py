@@ -59,6 +59,7 @@ def from_query(params: Mapping, model_key: str, n_layers: int, cfg: DeployConfig
     """The experiment a link names (None when it names no layers); ValueError for a bad parameter."""
     from ghosted.models.pruning import parse_layers
     from ghosted.recovery.fitting import METHODS
+    from ghosted.recovery.methods import RECOVERY, with_role
 
     given = {name: _one(params, name) for name in NAMES if name in params}
     if "layers" not in given:
@@ -75,7 +76,7 @@ def from_query(params: Mapping, model_key: str, n_layers: int, cfg: DeployConfig
             choices[name] = given[name]
     if "methods" in given:
         methods = tuple(m for m in given["methods"].split(",") if m)
-        unknown = [m for m in methods if m not in METHODS or m == "none"]
+        unknown = [m for m in methods if m not in with_role(METHODS, RECOVERY)]  # plain pruning is always there
         if not methods or unknown:
             raise ValueError(f"This link names unknown methods: {', '.join(unknown) or '(none)'}.")
         choices["methods"] = methods

@@ -75,6 +75,7 @@ def check_entry(entry, number: int, cfg: DeployConfig) -> Experiment:
     """One entry as an ``Experiment``, or ValueError saying which entry and why."""
     from ghosted.models.loading import ModelLoadError
     from ghosted.recovery.fitting import METHODS
+    from ghosted.recovery.methods import RECOVERY, with_role
 
     where = f"experiment {number}"
     if not isinstance(entry, dict):
@@ -87,9 +88,10 @@ def check_entry(entry, number: int, cfg: DeployConfig) -> Experiment:
             raise ValueError(f"{where}: {key} must be a {kind.__name__}.")
     base = Experiment()
     methods = tuple(entry.get("methods", base.methods))
-    bad = [m for m in methods if not isinstance(m, str) or m not in METHODS or m == "none"]
+    recoveries = with_role(METHODS, RECOVERY)  # plain pruning is always fitted, never asked for
+    bad = [m for m in methods if not isinstance(m, str) or m not in recoveries]
     if not methods or bad:
-        offered = ", ".join(m for m in METHODS if m != "none")
+        offered = ", ".join(recoveries)
         raise ValueError(f"{where}: unknown method(s) {bad}; choose from {offered}.")
     tokens = tuple(entry.get("eval_tokens", base.eval_tokens))
     if not tokens or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 64 for t in tokens):
