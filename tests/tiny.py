@@ -94,3 +94,19 @@ def loaded(model):
     from ghosted.models.loading import LoadedModel
 
     return LoadedModel(model, CharTokenizer(), model.config._name_or_path, "folder", "cpu", "float32", 0.0)
+
+
+def tiny_model_folder(folder):
+    """A tiny Llama saved with a word-level tokenizer in ``folder``: the command line loads and
+    calibrates it in a second, in this process or in a new one."""
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    tiny_model("llama").save_pretrained(folder)
+    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(95)} | {"[UNK]": 95}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="w2").save_pretrained(folder)
+    return folder

@@ -5,11 +5,11 @@ of every recovery on a large model: one forward pass over every calibration wind
 pass is saved here (tensors in safetensors, metadata in a small JSON file next to it) under a key
 made of everything that determines it:
 
-  * a cheap identity of the model (``model_identity``): the hub commit when the model came from the
-    hub; the GGUF's sha256 for the bundled model or a converted .gguf (already the name of its
-    converted folder); otherwise the names, sizes and modification times of its folder's files.
-    Never a hash of the weights. In-memory variants built by ghosted (pruned views, recovered
-    models) have no such identity and are not cached;
+  * a cheap identity of the model (``calibration.identity.model_identity``: the hub commit, the
+    GGUF's sha256, or its folder's files with their inodes, change times and samples of each weight
+    file, so a checkpoint rewritten in place with its times kept is not mistaken for the old one).
+    In-memory variants built by ghosted (pruned views, recovered models) have no such identity and
+    are not cached;
   * the dtype and device type the pass ran in, the torch and transformers versions and the attention
     implementation (the code that computes the stream);
   * the sha256 of the calibration windows (input ids and attention mask);
@@ -22,6 +22,14 @@ renamed into place, the JSON last), and an entry that cannot be read back is ign
 and recomputed. The folder is ``$GHOSTED_STATS_CACHE``, else ``ghosted.models.assets.cache_dir() / "stats"``.
 Statistics grow with the width squared (about 1.3 GB per gap and pass at d = 4096), so the least
 recently used entries are deleted beyond ``$GHOSTED_STATS_CACHE_GB`` (default 20 GB).
+
+Ghosted deletes only what it wrote: the folder carries a marker file (``MARKER``) written when
+Ghosted creates it or adopts it (empty, or holding only an older Ghosted's entries), and an entry
+is Ghosted's when its name is ``<32 hex digits>.json`` / ``.safetensors`` and its JSON holds the key
+whose digest is that name (a tensor file left without its JSON: its own metadata names the digest).
+Eviction and ``clear`` remove only such entries, and ``clear`` refuses a folder without the marker.
+A write that fails (a full disk, a read-only folder) warns once; the run goes on with the
+statistics in memory, and ``StatsCache.written`` says what was really saved.
 """
 
 from __future__ import annotations
@@ -30,24 +38,34 @@ import datetime as dt
 import hashlib
 import json
 import os
-import shutil
+import re
 import uuid
 import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
-from ghosted.models.assets import cache_dir, file_sha256
+from ghosted.models.assets import cache_dir, file_sha256, process_alive
 from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
 from ghosted.core.progress import Progress, for_stage
 from ghosted.calibration.stats import BoundaryStats, TokenReservoir
-from ghosted.models.architecture import has_operators
+from ghosted.calibration.identity import describe_identity, model_identity  # noqa: F401  (model_identity: API)
 
-FORMAT = 1  # bump when the stored layout changes: older entries then simply stop matching
+FORMAT = 2  # bump when the stored layout changes: older entries then simply stop matching (2: owned)
 DEFAULT_LIMIT_GB = 20.0  # total size kept on disk unless $GHOSTED_STATS_CACHE_GB says otherwise
 _SCALARS = ("start", "end", "dim", "n_tokens", "n_samples")  # BoundaryStats fields kept in the JSON
+MARKER = ".ghosted-stats-cache"  # the file that makes a folder Ghosted's statistics cache
+STAMP = "ghosted calibration statistics"  # in each entry's JSON and tensor-file metadata
+_ENTRY = re.compile(r"^(?P<digest>[0-9a-f]{32})\.(json|safetensors)$")  # an entry's files
+_TEMP = re.compile(r"^[0-9a-f]{32}\.(json|safetensors)\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")  # one being written
+
+
+class ForeignFolder(ValueError):
+    """The statistics folder is not Ghosted's: no marker, and files Ghosted did not write."""
 
 
 def stats_dir() -> Path:
@@ -56,39 +74,7 @@ def stats_dir() -> Path:
     return Path(env) if env else cache_dir() / "stats"
 
 
-# --- identity ---------------------------------------------------------------------------------------
-
-def model_identity(model: nn.Module) -> dict | None:
-    """A cheap identity of the checkpoint ``model`` was loaded from, or None if it has none.
-
-    None for models built in memory (no folder, no hub commit) and for ghosted's own variants
-    (pruned views and recovered models carry ``ghosted_layers``): a folded ReplaceMe map changes
-    a weight in place without a trace that could be checked without hashing the weights.
-    """
-    if hasattr(model, "ghosted_layers") or has_operators(model):
-        return None
-    config = getattr(model, "config", None)
-    name = str(getattr(config, "_name_or_path", "") or "")
-    if not name:
-        return None
-    path = Path(name)
-    if path.is_dir():
-        converted = cache_dir() / "models"
-        if path.resolve().parent == converted.resolve():  # a converted GGUF: named by its sha256
-            return {"gguf_sha256": path.name}
-        return {"folder": str(path.resolve()), "files": folder_fingerprint(path)}
-    commit = getattr(config, "_commit_hash", None)
-    return {"hub": name, "revision": commit} if commit else None
-
-
-def folder_fingerprint(folder: Path) -> list[list]:
-    """[name, size, mtime_ns] of every file in ``folder`` (recursively), sorted by name."""
-    rows = []
-    for file in sorted(p for p in folder.rglob("*") if p.is_file()):
-        stat = file.stat()
-        rows.append([str(file.relative_to(folder)), stat.st_size, stat.st_mtime_ns])
-    return rows
-
+# --- key ---------------------------------------------------------------------------------------------
 
 def windows_hash(windows) -> str:
     """sha256 of the windows' input ids and attention mask (shapes and dtypes included)."""
@@ -228,6 +214,8 @@ class StatsCache:
         self.folder = Path(folder) if folder else stats_dir()
         self.limit_gb = limit_gb if limit_gb is not None else float(
             os.environ.get("GHOSTED_STATS_CACHE_GB", DEFAULT_LIMIT_GB))  # older entries go beyond this
+        self.written: list[str] = []  # digests this object saved (what a report may call cached)
+        self.failure: str | None = None  # why saving stopped (warned once; later passes are not saved)
 
     def _paths(self, digest: str) -> tuple[Path, Path]:
         return self.folder / f"{digest}.safetensors", self.folder / f"{digest}.json"
@@ -257,9 +245,7 @@ class StatsCache:
 
     def store(self, key: dict, stats: dict[Gap, BoundaryStats], detector=None) -> Path:
         """Write one entry atomically: the tensors, then the JSON that makes the entry visible."""
-        from safetensors.torch import save_file
-
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.claim()
         digest = key_digest(key)
         tensors_path, meta_path = self._paths(digest)
         tensors, stats_meta = _flatten(stats)
@@ -267,8 +253,8 @@ class StatsCache:
         tmp_tensors = tensors_path.with_name(tensors_path.name + tag)
         tmp_meta = meta_path.with_name(meta_path.name + tag)
         try:
-            save_file(tensors, str(tmp_tensors))
-            meta = {"key": key, "stats": stats_meta, "detector": _detector_state(detector),
+            save_file(tensors, str(tmp_tensors), metadata={"ghosted": STAMP, "digest": digest})
+            meta = {"ghosted": STAMP, "key": key, "stats": stats_meta, "detector": _detector_state(detector),
                     "sha256": file_sha256(tmp_tensors), "bytes": tmp_tensors.stat().st_size,
                     "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
             tmp_meta.write_text(json.dumps(meta, indent=1, default=str))
@@ -277,12 +263,34 @@ class StatsCache:
         finally:
             for tmp in (tmp_tensors, tmp_meta):
                 tmp.unlink(missing_ok=True)
+        self.written.append(digest)
         self.evict(keep=digest)
         return meta_path
 
+    def claim(self) -> None:
+        """Make sure the folder is Ghosted's: create it with the marker, or adopt an empty folder or
+        one holding only entries (an older Ghosted's cache); a ``ForeignFolder`` error otherwise."""
+        marker = self.folder / MARKER
+        if marker.exists():
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        others = [p.name for p in self.folder.iterdir() if not (_ENTRY.match(p.name) or _TEMP.match(p.name))]
+        if others:
+            raise ForeignFolder(f"{self.folder} is not Ghosted's statistics cache (no {MARKER} file, and it "
+                                f"holds {len(others)} other file(s) such as {others[0]}); set "
+                                "$GHOSTED_STATS_CACHE to a new or empty folder.")
+        marker.write_text(json.dumps({"ghosted": "statistics cache", "format": FORMAT}) + "\n")
+
+    def owned(self) -> list[Path]:
+        """The JSON files of the entries Ghosted provably wrote here (name and key digest agree)."""
+        if not self.folder.is_dir():
+            return []
+        return [p for p in sorted(self.folder.glob("*.json")) if _ENTRY.match(p.name) and _json_digest(p) == p.stem]
+
     def evict(self, keep: str = "") -> list[str]:
-        """Delete the least recently used entries until the total is within ``limit_gb``; never ``keep``."""
-        entries = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)  # oldest first
+        """Delete Ghosted's least recently used entries until the total is within ``limit_gb``; never
+        ``keep``, never a file Ghosted did not write."""
+        entries = sorted(self.owned(), key=lambda p: p.stat().st_mtime)  # oldest first
         sizes = {p: p.stat().st_size + _size(p.with_suffix(".safetensors")) for p in entries}
         total, removed = sum(sizes.values()), []
         for meta_path in entries:
@@ -290,18 +298,17 @@ class StatsCache:
                 break
             if meta_path.stem == keep:
                 continue
-            meta_path.unlink(missing_ok=True)  # the JSON first: the entry is gone before its tensors are
-            meta_path.with_suffix(".safetensors").unlink(missing_ok=True)
+            _remove_entry(meta_path)
             total -= sizes[meta_path]
             removed.append(meta_path.stem)
         return removed
 
     def entries(self) -> list[CacheEntry]:
-        """Every readable entry, newest first (unreadable JSON files are listed as such)."""
+        """Every entry Ghosted wrote, newest first."""
         found = []
-        for meta_path in sorted(self.folder.glob("*.json")) if self.folder.is_dir() else []:
+        for meta_path in self.owned():
             tensors_path = meta_path.with_suffix(".safetensors")
-            size = (tensors_path.stat().st_size if tensors_path.exists() else 0) + meta_path.stat().st_size
+            size = _size(tensors_path) + meta_path.stat().st_size
             try:
                 meta = json.loads(meta_path.read_text())
                 key = meta["key"]
@@ -312,28 +319,65 @@ class StatsCache:
                 found.append(CacheEntry(meta_path.stem, "(unreadable entry)", "", 0, size, ""))
         return sorted(found, key=lambda e: e.created, reverse=True)
 
+    def others(self) -> list[str]:
+        """Names in the folder that are not Ghosted's (left alone by ``clear`` and eviction)."""
+        if not self.folder.is_dir():
+            return []
+        mine = {MARKER, *(n for p in self.owned() for n in (p.name, p.stem + ".safetensors"))}
+        return sorted(p.name for p in self.folder.iterdir()
+                      if p.name not in mine and not _orphan(p) and not _TEMP.match(p.name))
+
     def clear(self) -> int:
-        """Delete every entry (and stray temporary files); returns the bytes freed."""
+        """Delete every entry Ghosted wrote (and its stray temporary files); returns the bytes freed.
+
+        Refuses (``ForeignFolder``) a folder without the marker: Ghosted did not create it, so nothing
+        in it is deleted. Any other file in the folder stays."""
         if not self.folder.is_dir():
             return 0
-        freed = sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
-        shutil.rmtree(self.folder)
+        if not (self.folder / MARKER).exists():
+            raise ForeignFolder(f"Refusing to clear {self.folder}: it has no {MARKER} file, so it is not a "
+                                "statistics cache Ghosted created; nothing was deleted.")
+        freed = 0
+        for meta_path in self.owned():
+            freed += meta_path.stat().st_size + _size(meta_path.with_suffix(".safetensors"))
+            _remove_entry(meta_path)
+        for path in list(self.folder.iterdir()):
+            stale = _TEMP.match(path.name) and not process_alive(int(_TEMP.match(path.name)["pid"]))
+            if stale or _orphan(path):
+                freed += _size(path)
+                path.unlink(missing_ok=True)
         return freed
+
+
+def _json_digest(meta_path: Path) -> str | None:
+    """The digest of the key an entry's JSON holds (None when it is unreadable or not an entry)."""
+    try:
+        meta = json.loads(meta_path.read_text())
+        return key_digest(meta["key"]) if isinstance(meta, dict) and isinstance(meta.get("key"), dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _orphan(path: Path) -> bool:
+    """A tensor file Ghosted wrote whose JSON is gone (a crash between the two renames)."""
+    match = _ENTRY.match(path.name)
+    if not match or path.suffix != ".safetensors" or path.with_suffix(".json").exists():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+    except Exception:  # noqa: BLE001  unreadable: not provably Ghosted's, so it stays
+        return False
+    return meta.get("ghosted") == STAMP and meta.get("digest") == match["digest"]
+
+
+def _remove_entry(meta_path: Path) -> None:
+    meta_path.unlink(missing_ok=True)  # the JSON first: the entry is gone before its tensors are
+    meta_path.with_suffix(".safetensors").unlink(missing_ok=True)
 
 
 def _size(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
-
-
-def describe_identity(identity: dict) -> str:
-    """One short line for a model identity (the cache listing)."""
-    if "gguf_sha256" in identity:
-        return f"gguf sha256 {identity['gguf_sha256']}"
-    if "hub" in identity:
-        return f"{identity['hub']}@{str(identity['revision'])[:12]}"
-    if "folder" in identity:
-        return f"{identity['folder']} ({len(identity.get('files', []))} files)"
-    return json.dumps(identity)[:60]
 
 
 def resolve_cache(cache) -> StatsCache | None:
@@ -363,9 +407,11 @@ def collect_cached(cache: StatsCache | None, identity: dict | None, model: nn.Mo
         return stored, "reused"
     stats = collect_stats(model, windows, gaps, config, sink_detector=sink_detector, progress=progress,
                           label=label)
-    try:
-        cache.store(key, stats, sink_detector)
-    except OSError as err:
-        warnings.warn(f"Could not save calibration statistics to {cache.folder} ({err}); "
-                      "the run goes on without caching them.", RuntimeWarning, stacklevel=2)
+    if cache.failure is None:  # after a failed write, later passes are not tried (one warning per cache)
+        try:
+            cache.store(key, stats, sink_detector)
+        except (OSError, ForeignFolder, SafetensorError) as err:
+            cache.failure = (f"Could not save calibration statistics to {cache.folder} ({err}); the run goes "
+                             "on with them in memory, and they are not cached.")
+            warnings.warn(cache.failure, RuntimeWarning, stacklevel=2)
     return stats, "computed"

@@ -44,16 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # accepted before or after the subcommand
     args = build_parser().parse_args([a for a in argv if a not in ("--debug", "--quiet")])
     args.quiet = "--quiet" in argv  # accepted before or after the subcommand, like --debug
+    from ghosted.core.signals import exit_code, signals_as_interrupts
+
     try:
-        return int(args.handler(args) or 0)
+        with signals_as_interrupts():  # SIGTERM and SIGHUP end a subcommand like Ctrl-C
+            return int(args.handler(args) or 0)
     except USER_ERRORS as err:
         if debug:
             traceback.print_exc()
         print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: no traceback; what finished was saved by the subcommand
-        print("interrupted.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C or a signal: no traceback; the subcommand saved what finished
+        print(f"{err or 'interrupted'}.", file=sys.stderr)
+        return exit_code(err)
 
 
 def one_line(err: BaseException) -> str:

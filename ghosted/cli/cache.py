@@ -14,7 +14,8 @@ def add_parser(sub) -> None:
                                    "$GHOSTED_STATS_CACHE, else the 'stats' folder of Ghosted's cache "
                                    "($GHOSTED_CACHE or ~/.cache/ghosted).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--clear", action="store_true", help="delete every saved entry")
+    p.add_argument("--clear", action="store_true",
+                   help="delete every saved entry (only files Ghosted wrote, in a folder it created)")
     p.add_argument("--dry-run", action="store_true",
                    help="say what is saved (and what --clear would delete), change nothing")
     p.set_defaults(handler=handle)
@@ -31,8 +32,10 @@ def handle(args) -> int:
               f"in {cache.folder}; nothing changed")
         return 0
     if args.clear:
-        freed = cache.clear()
-        print(f"cleared {cache.folder} ({freed / 2**20:.1f} MiB freed)")
+        freed = cache.clear()  # Ghosted's entries only; a folder without its marker is refused
+        others = cache.others()
+        left = f"; {len(others)} other file(s) left, not Ghosted's: {', '.join(others[:5])}" if others else ""
+        print(f"cleared {cache.folder} ({freed / 2**20:.1f} MiB freed){left}")
         return 0
     entries = cache.entries()
     print(f"calibration statistics in {cache.folder}: {len(entries)} entries, "

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -88,10 +87,12 @@ def model_fields(args) -> dict:
 
 
 def write_json(path: str | None, payload: dict) -> None:
+    """Write a results JSON (stamped as Ghosted's, atomically), if ``path`` is given."""
+    from ghosted.core.ownership import write_results
+
     if not path:
         return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(payload, indent=2, default=str))
+    write_results(path, payload)
     print(f"wrote {path}", file=sys.stderr)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ghosted.cli.common import (
@@ -34,7 +35,8 @@ def add_parser(sub) -> None:
                         "model's own folder or Ghosted's cache)")
     add_spec_args(p, ["rank"])
     p.add_argument("--overwrite", action="store_true",
-                   help="replace the model already in --out (removed once the new one is complete)")
+                   help="replace the model already in --out (its files go once the new one is complete; "
+                        "any other file in the folder is kept)")
     add_dry_run(p)
     add_spec_args(p, ["cache"])
     p.set_defaults(handler=handle)
@@ -54,12 +56,27 @@ def handle(args) -> int:
         return 0
     lm = load_from_args(spec, args.offload_folder)
     drop = check_export_model(spec, facts_of_model(lm.model))  # fail before calibrating, not after
-    with progress_from_args(args) as progress:
-        fitted = Session(spec, lm, progress).fit(drop)
-    out = save_recovered(fitted.models[args.method], args.out, lm, recipe=fitted.recovery,
-                         spec=fitted.spec.to_dict(), overwrite=args.overwrite)
+    session = None
+    try:
+        with progress_from_args(args) as progress:
+            session = Session(spec, lm, progress)
+            fitted = session.fit(drop)
+        out = save_recovered(fitted.models[args.method], args.out, lm, recipe=fitted.recovery,
+                             spec=fitted.spec.to_dict(), overwrite=args.overwrite)
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM, SIGHUP: the staged folder is gone, --out untouched
+        return report_stopped(args, err, cached=bool(session and session.cache and session.cache.written))
     print(describe_folder(out))
     return 0
+
+
+def report_stopped(args, err: KeyboardInterrupt, cached: bool) -> int:
+    """A stopped export: nothing was saved, ``--out`` is as it was; the exit code of the signal."""
+    from ghosted.core.signals import describe_stop, exit_code
+
+    state = "left as it was" if Path(args.out).exists() else "not created"
+    saved = " (the calibration statistics it finished are cached)" if cached else ""
+    print(f"{describe_stop(err)}: no model saved, {args.out} {state}{saved}.", file=sys.stderr)
+    return exit_code(err)
 
 
 def describe_folder(folder: Path) -> str:
@@ -68,7 +85,9 @@ def describe_folder(folder: Path) -> str:
 
     recipe = read_recipe(folder)
     lines = [f"saved {recipe.get('method')} model, layers {recipe.get('dropped_spec')} removed, to {folder}/"]
+    ours = set(recipe.get("files") or [])  # what the save wrote; anything else was there before, kept
     for file in sorted(folder.iterdir()):
-        lines.append(f"  {file.name:<34}{file.stat().st_size / 2**20:>10.2f} MiB")
+        kept = "  (not Ghosted's: kept)" if ours and file.name not in ours else ""
+        lines.append(f"  {file.name:<34}{file.stat().st_size / 2**20:>10.2f} MiB{kept}")
     lines.append(f"load with {recipe.get('load_with', 'ghosted.load_recovered(path)')}")
     return "\n".join(lines)

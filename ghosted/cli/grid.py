@@ -10,6 +10,9 @@ from ghosted.cli.common import (
     progress_from_args)
 
 
+GRID_FILES = ("grid.csv", "grid.md", "grid.json", "grid_tasks.csv", "grid.jsonl")  # what a grid writes
+
+
 def _list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
@@ -42,6 +45,9 @@ def add_parser(sub) -> None:
                         "grid.jsonl, the journal of finished cells")
     p.add_argument("--resume", action="store_true",
                    help="keep the cells a previous grid in --out-dir finished (same settings) and run the rest")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new grid in an --out-dir that holds an earlier one (its journal is replaced "
+                        "when the first new part finishes), or whose grid files Ghosted did not write")
     add_spec_args(p, ["cache"])
     add_dry_run(p)
     p.set_defaults(handler=handle)
@@ -50,14 +56,18 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
     from ghosted.experiments.grid import GridConfig, run_grid
+    from ghosted.experiments.journal import GridJournal
     from ghosted.recovery.methods import REGISTRY
     from ghosted.experiments.validate import check_grid, check_out_dir, parse_counts, plan_grid
+    from ghosted.core.signals import describe_stop, exit_code
 
     methods = list(REGISTRY) if args.methods == "all" else _list(args.methods)
     base = spec_from_args(args, ignore=("n", "methods")).with_options(methods=methods)  # --n, --methods: the grid's
     cfg = GridConfig(base=base, selections=_list(args.selections), n_values=parse_counts(args.n, "--n"),
                      evals=_list(args.evals))
-    check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
+    check_out_dir(args.out_dir, overwrite=args.overwrite or args.resume, model=args.model,  # --resume: its own
+                  names=GRID_FILES)  # cheapest first: a bad --out-dir fails before any text is read
+    GridJournal.check(args.out_dir, args.resume, args.overwrite)  # an earlier grid's journal is never lost
     check_grid(cfg)  # every setting, before the model is loaded
     if args.dry_run:
         print(plan_grid(cfg, facts_from_args(args)))
@@ -65,15 +75,15 @@ def handle(args) -> int:
     try:
         with progress_from_args(args) as progress:
             result = run_grid(cfg, loaded=load_from_args(args), progress=progress, out_dir=args.out_dir,
-                              resume=args.resume)
+                              resume=args.resume, overwrite=args.overwrite)
     except KeyboardInterrupt as err:
         partial = getattr(err, "partial_result", None)
         if partial is not None and not partial.frame.empty:
             print(partial.markdown())
         cells = len(partial.meta.get("settings", {})) if partial is not None else 0
-        print(f"interrupted: {cells} finished cell(s) kept in {args.out_dir}/ (grid.jsonl, grid.csv, grid.md); "
-              "add --resume to go on from there.", file=sys.stderr)
-        return 130
+        print(f"{describe_stop(err)}: {cells} finished cell(s) kept in {args.out_dir}/ (grid.jsonl, grid.csv, "
+              "grid.md); add --resume to go on from there.", file=sys.stderr)
+        return exit_code(err)
     print(result.markdown())
     for path in result.save(args.out_dir):
         print(f"wrote {path}", file=sys.stderr)

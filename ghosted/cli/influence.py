@@ -8,6 +8,7 @@ import sys
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args, progress_from_args)
 
+INFLUENCE_FILES = ("blocks.csv", "layers.csv", "influence.json", "selections.csv")  # what influence writes
 GROUPS = {"single": "every criterion of the one shared forward pass (incl. recoverability)",
           "all": "everything, incl. ppl_single and sleb (one forward pass per candidate layer) and taylor "
                  "(one backward pass)"}
@@ -46,6 +47,8 @@ def add_parser(sub) -> None:
     g.add_argument("--max-gram-gib", type=float, default=4.0,
                    help="refuse recoverability Gram blocks beyond this many GiB")
     p.add_argument("--out-dir", default="influence", help="folder for the CSV and JSON files")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace files of those names in --out-dir even if Ghosted did not write them")
     add_dry_run(p)
     p.set_defaults(handler=handle)
 
@@ -77,6 +80,7 @@ def handle(args) -> int:
     from ghosted.experiments.spec import spec_from_args
     from ghosted.selection.criteria import InfluenceConfig, influence
     from ghosted.selection.rules import selections
+    from ghosted.core.ownership import claim_output_dir
     from ghosted.experiments.validate import facts_of_model, plan_influence
 
     metrics, n_values = check_args(args)  # every setting, before the model is loaded
@@ -99,7 +103,7 @@ def handle(args) -> int:
     report.meta["model"] = lm.name
     shown = report.meta["n_values"] if n_values else _typical_n(report.num_layers)
     chosen = selections(report, report.meta["n_values"])
-    paths = report.save(args.out_dir)
+    paths = report.save(claim_output_dir(args.out_dir))
     chosen.to_csv(paths[0].parent / "selections.csv", index=False)
     _print_summary(report, chosen[chosen.n.isin(shown)])
     for path in [*paths, paths[0].parent / "selections.csv"]:
@@ -112,7 +116,8 @@ def check_args(args) -> tuple[list[str], list[int] | None]:
     from ghosted.models.pruning import parse_layers
     from ghosted.experiments.validate import check_calibration, check_count, check_eps, check_out_dir
 
-    check_out_dir(args.out_dir)  # cheapest first: a bad --out-dir fails before any text is read
+    check_out_dir(args.out_dir, overwrite=args.overwrite, model=args.model,
+                  names=INFLUENCE_FILES)  # cheapest first: a bad --out-dir fails before any text is read
     check_calibration(args)
     check_eps(args.eps)
     check_count("candidate_windows", args.candidate_windows, minimum=0)

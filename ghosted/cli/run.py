@@ -34,7 +34,11 @@ def add_parser(sub) -> None:
                    help="redraw the calibration windows K times (seeds --seed .. --seed+K-1) and report each "
                         "method's mean perplexity and its spread over the draws")
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
-                                                 "with \"complete\": false, when the run is stopped)")
+                                                 "with \"complete\": false, when the run is stopped); an "
+                                                 "existing file only if Ghosted wrote it, never in the model's folder")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --out even if it is not a results file Ghosted wrote (never one in the "
+                        "model's folder or a cache)")
     add_spec_args(p, ["cache"])
     add_dry_run(p)
     p.set_defaults(handler=handle)
@@ -50,7 +54,7 @@ def handle(args) -> int:
     except TypeError as err:  # a field of the wrong kind in the file: the file's fault, one line and exit 2
         raise ValueError(str(err)) from err
     spec = spec_from_args(args, base=base)  # a recipe's model too
-    check_out_file(args.out)  # cheapest first: a bad --out fails before any text is read
+    check_out_file(args.out, overwrite=args.overwrite, model=spec.model.source)  # cheapest first: before any text
     check_run(spec)  # every setting, before the model is loaded
     if args.seeds < 1:
         raise ValueError(f"--seeds must be at least 1 (calibration draws); got {args.seeds}.")
@@ -78,10 +82,12 @@ def handle(args) -> int:
 
 
 def report_stopped(args, err: BaseException) -> int:
-    """A stopped run: print and write what finished (``"complete": false``); Ctrl-C exits 130.
+    """A stopped run: print and write what finished (``"complete": false``); Ctrl-C exits 130, a
+    signal ``128 + signal`` (SIGTERM: 143).
 
     Any other error goes on to the command line's one-line message, after the partial report.
     """
+    from ghosted.core.signals import describe_stop, exit_code
     from ghosted.experiments.run import format_table
 
     partial = getattr(err, "partial_report", None)
@@ -91,5 +97,5 @@ def report_stopped(args, err: BaseException) -> int:
     if not isinstance(err, KeyboardInterrupt):
         raise err
     done = partial["stopped"]["finished"] if partial else "nothing had finished"
-    print(f"interrupted: {done}.", file=sys.stderr)
-    return 130
+    print(f"{describe_stop(err)}: {done}.", file=sys.stderr)
+    return exit_code(err)

@@ -167,18 +167,21 @@ def evaluate_setting(ctx: GridContext, layers: list[int], methods: list[str]) ->
 
 
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
-             out_dir: str | Path | None = None, resume: bool = False) -> GridResult:
+             out_dir: str | Path | None = None, resume: bool = False, overwrite: bool = False) -> GridResult:
     """Run the whole grid (see the module docstring). ``loaded`` skips loading ``cfg.base.model``.
 
     ``out_dir``: journal each finished part to ``out_dir/grid.jsonl`` and rewrite the csv/md/json files
-    after each; ``resume``: take the parts the journal already holds. If the grid is stopped (Ctrl-C or
+    after each; ``resume``: take the parts the journal already holds; ``overwrite``: start a new grid
+    over an earlier one (see ``GridJournal``). If the grid is stopped (Ctrl-C or
     an error) after the model is loaded, the exception goes on with ``partial_result``: a GridResult
     of the finished cells (``meta["complete"]`` False).
     """
     validate.check_grid(cfg)  # before loading
+    if out_dir is not None:
+        GridJournal.check(out_dir, resume, overwrite)
     state = _GridState(cfg, time.perf_counter(), out_dir)
     try:
-        return _run_grid(cfg, loaded, progress, state, resume)
+        return _run_grid(cfg, loaded, progress, state, resume, overwrite)
     except BaseException as err:  # Ctrl-C included: what finished is on disk; hand it over too
         if state.meta and isinstance(err, (Exception, KeyboardInterrupt)):
             err.partial_result = state.result(complete=False)
@@ -222,10 +225,11 @@ class _GridState:
             self.result(complete=False).save(self.out_dir)
 
 
-def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridState, resume: bool) -> GridResult:
+def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridState, resume: bool,
+              overwrite: bool = False) -> GridResult:
     session = Session(cfg.base, loaded, progress)  # loads cfg.base.model unless given
     validate.check_grid_model(cfg, validate.facts_of_model(session.lm.model))  # before any forward pass
-    journal = GridJournal(state.out_dir, resume) if state.out_dir is not None else None
+    journal = GridJournal(state.out_dir, resume, overwrite) if state.out_dir is not None else None
     ctx = GridContext(cfg, session, journal, settings_digest(cfg, session.lm), state, lines(progress))
     windows, evaluation = session.calibration(), session.evaluation(cfg.evals)
     state.meta = {"config": vars(cfg.flat()), "spec": cfg.base.to_dict(),  # config: flat names, for reading

@@ -17,14 +17,28 @@ class GridJournal:
 
     A record is ``{"kind", "settings", "key", ...payload}``: ``settings`` is a digest of everything
     that changes a result (``settings_digest``), ``key`` says which part it is (a selection and n, a
-    dense text, or a cell: its layers, methods and texts). ``resume=False`` starts a new journal.
+    dense text, or a cell: its layers, methods and texts). ``resume=True`` takes the records of the
+    journal already there; a journal already there without ``resume`` needs ``overwrite`` (never
+    deleted otherwise), and is then replaced only when the first new part is written, so a stop
+    before that leaves it as it was. The folder is marked as Ghosted's output folder.
     """
 
-    def __init__(self, out_dir: str | Path, resume: bool = False):
+    def __init__(self, out_dir: str | Path, resume: bool = False, overwrite: bool = False):
+        from ghosted.core.ownership import claim_output_dir
+
+        self.check(out_dir, resume, overwrite)
         self.path = Path(out_dir) / "grid.jsonl"
         self.records = self._read() if resume else []
-        if not resume and self.path.exists():
-            self.path.unlink()
+        self._replace = not resume and self.path.exists()  # overwrite: replaced by the first new record
+        claim_output_dir(out_dir)
+
+    @staticmethod
+    def check(out_dir: str | Path, resume: bool = False, overwrite: bool = False) -> None:
+        """Refuse to start a new grid over an earlier grid's journal without ``resume`` or ``overwrite``."""
+        path = Path(out_dir) / "grid.jsonl"
+        if path.exists() and not (resume or overwrite):
+            raise ValueError(f"{path} holds an earlier grid's finished cells: add --resume (resume=True) to go on "
+                             "from them, or --overwrite (overwrite=True) to start again, or choose another folder.")
 
     def _read(self) -> list[dict]:
         if not self.path.exists():
@@ -50,10 +64,14 @@ class GridJournal:
         record = json.loads(json.dumps({"kind": kind, "settings": settings, "key": key, **payload},
                                        default=_plain))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as handle:
+        target, self._replace = (self.path.with_name(f".grid.jsonl.tmp-{os.getpid()}") if self._replace
+                                 else self.path), False
+        with open(target, "a") as handle:
             handle.write(json.dumps(record) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+        if target != self.path:
+            os.replace(target, self.path)  # the earlier grid's journal goes only now
         self.records.append(record)
 
 

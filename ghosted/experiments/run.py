@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ghosted.experiments import validate
 from ghosted.core.progress import Progress
 from ghosted.experiments.session import EvaluationTable, FittedRun, Session
+from ghosted.core.signals import describe_stop
 from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.loading import LoadedModel, versions
 from ghosted.models.pruning import format_layers
@@ -62,7 +63,7 @@ class _RunState:
         """The JSON report; ``stopped``: the run ended early, list what finished (``complete`` false)."""
         from ghosted.models.architecture import num_layers
 
-        lm = self.session.lm
+        lm, lm_cache = self.session.lm, self.session.cache
         entries = self.table.entries() if self.table else self._unevaluated()
         report = {
             "model": lm.name, "model_source": lm.source, "dropped": self.dropped,
@@ -75,7 +76,8 @@ class _RunState:
             "results": [{k: v for k, v in e.items() if k != "protocol"} for e in entries],
             "complete": stopped is None,
             "versions": versions(), "seconds": round(time.perf_counter() - self.started, 2),
-            "warnings": list(self.run.warnings) if self.run else [],  # ill-conditioned fits, one per gap
+            "warnings": [*(self.run.warnings if self.run else []),  # ill-conditioned fits, one per gap
+                         *([lm_cache.failure] if lm_cache and lm_cache.failure else [])],  # statistics not cached
         }
         if stopped is not None:
             report["stopped"] = {"stage": self.stage, "by": _reason(stopped), "finished": self._finished()}
@@ -94,15 +96,13 @@ class _RunState:
         if self.fitted is not None:
             return (f"{len(self.fitted.recovery.results)} method(s) fitted, none evaluated (all models are scored "
                     "together, batch by batch, so no perplexity had finished)")
-        from ghosted.calibration.cache import model_identity
-
-        cached = self.spec.calibration.cache and model_identity(self.session.lm.model) is not None
-        saved = " (calibration statistics finished so far are cached)" if cached else ""
+        cache = self.session.cache
+        saved = " (calibration statistics finished so far are cached)" if cache and cache.written else ""
         return "no model fitted or evaluated" + saved
 
 
 def _reason(err: BaseException) -> str:
-    return "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+    return describe_stop(err) if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
 
 
 def _has_reference(spec: ExperimentSpec) -> bool:

@@ -31,6 +31,7 @@ from functools import cached_property
 import pandas as pd
 from torch import nn
 
+from ghosted.calibration.cache import resolve_cache
 from ghosted.core.progress import Progress
 from ghosted.data.windows import TokenWindows
 from ghosted.evaluation.perplexity import perplexity
@@ -157,6 +158,7 @@ class Session:
         self.spec = spec
         self.progress = progress
         self.lm = loaded if loaded is not None else load_spec_model(spec)
+        self.cache = resolve_cache(spec.calibration.cache)  # this session's: ``written``, ``failure`` say what it saved
         self._calibration_text = calibration_text
         self._windows = windows
         self._drawn = windows is None  # the spec draws the calibration windows (so a recipe reruns them)
@@ -238,7 +240,7 @@ class Session:
         names = self.fitted_methods(methods)
         windows = self.calibration()
         run = recover(self.lm.model, choice.layers, names, windows.fit, windows.heldout, self.spec.recovery_config(),
-                      progress=self.progress, cache=self.spec.calibration.cache)
+                      progress=self.progress, cache=self.cache)
         refs = registry.with_role(self.spec.methods if methods is None else methods, registry.REFERENCE)
         spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])
         run.spec = spec.to_dict() if self._drawn else None  # windows given by hand: no spec redraws them

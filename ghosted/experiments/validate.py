@@ -153,9 +153,12 @@ def check_source(source, what: str = "text"):
     return resolve_source(source)
 
 
-def check_out_file(path, flag: str = "--out") -> None:
-    """An output file path that can be written: not a folder, under a writable folder (checked
-    before the model is loaded, so a typo never costs a model load)."""
+def check_out_file(path, flag: str = "--out", overwrite: bool = False, model=None) -> None:
+    """An output file path that can be written: not a folder, under a writable folder, never inside
+    the model's folder (``model``: the --model argument) or a cache, and an existing file only if
+    Ghosted wrote it or ``overwrite`` (checked before the model is loaded, so a typo never costs a
+    model load)."""
+    from ghosted.core.ownership import check_replace_file
     from ghosted.models.assets import check_can_create
 
     if not path:
@@ -164,11 +167,14 @@ def check_out_file(path, flag: str = "--out") -> None:
     if target.is_dir() or str(path).endswith(("/", "\\")):
         raise ValueError(f"{flag} {path} is a folder; name a file in it, e.g. {target / 'results.json'}.")
     check_can_create(target)
+    check_replace_file(path, flag, overwrite, _protected(model))
 
 
-def check_out_dir(path, flag: str = "--out-dir") -> None:
-    """An output folder: absent (it will be created) or a folder, never an existing file, and
-    under a writable folder."""
+def check_out_dir(path, flag: str = "--out-dir", overwrite: bool = False, model=None, names=()) -> None:
+    """An output folder: absent (it will be created) or a folder, never an existing file, under a
+    writable folder, never inside the model's folder or a cache; Ghosted's file ``names`` in it
+    replaced only when Ghosted wrote them (its marker) or ``overwrite``."""
+    from ghosted.core.ownership import check_write_into
     from ghosted.models.assets import check_can_create
 
     target = Path(path).expanduser()
@@ -176,6 +182,14 @@ def check_out_dir(path, flag: str = "--out-dir") -> None:
         raise ValueError(f"{flag} {path} is a file, not a folder.")
     if not target.exists():
         check_can_create(target)
+    check_write_into(path, flag, names, overwrite, _protected(model))
+
+
+def _protected(model) -> list:
+    """Folders no output goes into: the caches, and the model's own folder when ``model`` names one."""
+    from ghosted.operators.checkpoint import protected_folders
+
+    return protected_folders(model) if model else protected_folders()
 
 
 # ---- model facts -------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def temp_sibling(target: Path, kind: str = "tmp") -> Path:
     return target.parent / f".{target.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _process_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True  # another thread of this process may be writing; our own faults clean up
     try:
@@ -106,7 +106,7 @@ def remove_stale_temps(target: Path, every: bool = False) -> None:
         match = _TEMP_NAME.match(path.name)
         if not match or match["name"] != target.name or not path.is_dir():
             continue
-        if not every and _process_alive(int(match["pid"])):
+        if not every and process_alive(int(match["pid"])):
             continue
         if match["kind"] == "old" and not target.exists():
             os.rename(path, target)  # the only copy of the previous folder: restore it

@@ -29,7 +29,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -42,6 +42,7 @@ from ghosted.operators.sites import (BranchOperator, PatchSite, RobustStreamOper
                                      attach_branch_operator, attach_stream_operators, operators_of)
 from ghosted.models.pruning import format_layers, original_indices
 from ghosted.models.loading import OPERATORS_FILE, RECIPE_FILE, check_saved_folder, check_weight_headers
+from ghosted.operators.saved_files import ghosted_files, keep_user_files
 
 RECIPE_FORMAT = 2  # bumped when a field changes meaning (2: operator_files with sha256)
 _SITE_NAMES = {"ghosted_pre": "before", "ghosted_post": "after", "ghosted_branch": "mlp"}
@@ -67,7 +68,8 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
             calibration protocol go into the recipe), or a dict of extra recipe fields, or None.
         spec: the experiment spec that made it (an ``ExperimentSpec`` or its ``to_dict()``), kept under
             "spec" so that ``python -m ghosted run --recipe`` can rerun it.
-        overwrite: replace a non-empty ``path`` (the old folder is removed once the new one is in place).
+        overwrite: replace the model saved in ``path``: its files go once the new folder is in place;
+            every other file in it (the user's) is kept in the new folder.
         save_options: passed to ``save_pretrained``, e.g. ``max_shard_size="5GB"`` (an offloaded
             model is gathered shard by shard in CPU memory).
 
@@ -85,15 +87,24 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
     spec = spec if spec is not None else getattr(recipe, "spec", None)  # a session's fit carries its spec
     if spec is not None:
         full["spec"] = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)  # an ExperimentSpec, or its dict
+    previous = ghosted_files(out) if overwrite and out.is_dir() else None
     with staged_folder(out) as staged:
-        model.save_pretrained(staged, state_dict=state, **save_options)
-        if tok is not None:
-            tok.save_pretrained(staged)
-        if tensors:
-            save_file(tensors, str(staged / OPERATORS_FILE),
-                      metadata={"ghosted_operators": json.dumps(entries), "format": "pt"})
-        full["operator_files"] = [_file_entry(staged / OPERATORS_FILE)] if tensors else []
-        (staged / RECIPE_FILE).write_text(json.dumps(full, indent=2, default=str) + "\n")  # last
+        try:
+            model.save_pretrained(staged, state_dict=state, **save_options)
+            if tok is not None:
+                tok.save_pretrained(staged)
+            if tensors:
+                save_file(tensors, str(staged / OPERATORS_FILE),
+                          metadata={"ghosted_operators": json.dumps(entries), "format": "pt"})
+            full["operator_files"] = [_file_entry(staged / OPERATORS_FILE)] if tensors else []
+            full["files"] = sorted([p.name for p in staged.iterdir()] + [RECIPE_FILE])  # what Ghosted wrote
+            if previous is not None:
+                keep_user_files(out, staged, previous)
+            (staged / RECIPE_FILE).write_text(json.dumps(full, indent=2, default=str) + "\n")  # last
+        except (OSError, SafetensorError) as err:  # a full disk, a read-only folder: the old folder stays
+            where = "is left as it was" if out.exists() else "was not created"
+            raise OSError(f"Could not save the model to {out} ({' '.join(str(err).split())}); {out} {where}. "
+                          "Free some space or choose another folder.") from err
     return out
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -18,7 +20,8 @@ from ghosted.experiments.run import run_experiment
 from ghosted.experiments.spec import ExperimentSpec
 from ghosted.models.pruning import prune
 from ghosted.recovery.fitting import RecoveryConfig, recover
-from ghosted.calibration.cache import StatsCache, model_identity, stats_dir
+from ghosted.calibration import cache as stats_cache
+from ghosted.calibration.cache import MARKER, StatsCache, model_identity, stats_dir
 from ghosted.data.windows import TokenWindows
 from tests.tiny import random_ids, tiny_model
 from tests.tiny import CharTokenizer, loaded
@@ -177,19 +180,131 @@ def test_a_damaged_entry_is_computed_again_with_a_warning(folder_model, tmp_path
     assert fit(folder_model, cache).statistics["calibration"] == "reused"  # rewritten whole
 
 
-def test_a_failed_write_warns_and_leaves_no_partial_entry(folder_model, tmp_path, monkeypatch):
-    import safetensors.torch
-
-    def disk_full(tensors, path, *args, **kwargs):
+@pytest.mark.parametrize("failure", [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system")])
+def test_a_failed_write_warns_once_and_leaves_no_partial_entry(folder_model, tmp_path, monkeypatch, failure):
+    """A full disk or a read-only folder (simulated: root ignores chmod): one warning for both passes."""
+    def failing(tensors, path, *args, **kwargs):
         with open(path, "wb") as handle:
             handle.write(b"partial")
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(safetensors.torch, "save_file", disk_full)
+        raise OSError(*failure)
+    monkeypatch.setattr(stats_cache, "save_file", failing)
     cache = StatsCache(tmp_path / "stats")
-    with pytest.warns(RuntimeWarning, match="Could not save calibration statistics"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         run = fit(folder_model, cache)
-    assert run.statistics["calibration"] == "computed" and run.results["ghost"].operators
-    assert list(cache.folder.iterdir()) == []  # no temporary file, no half entry
+    said = [str(w.message) for w in caught if "calibration statistics" in str(w.message)]
+    assert len(said) == 1 and "Could not save" in said[0] and failure[1] in said[0] and "in memory" in said[0]
+    assert run.statistics == {"calibration": "computed", "held-out": "computed"} and run.results["ghost"].operators
+    assert [p.name for p in cache.folder.iterdir()] == [MARKER]  # no temporary file, no half entry
+    assert cache.written == [] and "not cached" in cache.failure
+
+
+def test_a_run_whose_statistics_could_not_be_saved_never_says_they_are_cached(folder_model, monkeypatch):
+    from ghosted.experiments import run as pipeline
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(stats_cache, "save_file", disk_full)
+    with pytest.warns(RuntimeWarning, match="No space left"):
+        report, _ = run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(folder_model))
+    assert any("not cached" in w for w in report["warnings"]) and report["complete"] is True
+    monkeypatch.setattr(pipeline, "perplexities", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    real = stats_cache.collect_stats
+
+    def second_pass_interrupted(*args, **kwargs):  # the calibration pass finishes, the held-out one is cut
+        if kwargs.get("label") != "calibration":
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+    monkeypatch.setattr(stats_cache, "collect_stats", second_pass_interrupted)
+    with pytest.warns(RuntimeWarning, match="No space left"), pytest.raises(KeyboardInterrupt) as caught:
+        run_experiment(ExperimentSpec().with_options(**RUN, seed=5), loaded=loaded(folder_model))
+    finished = caught.value.partial_report["stopped"]["finished"]
+    assert "cached" not in finished and "no model fitted" in finished
+
+
+def test_a_checkpoint_rewritten_in_place_with_its_times_kept_is_not_reused(tmp_path):
+    """``cp -p`` / ``rsync -a`` over a model folder keep the modification times: other weights, same
+    names, sizes and mtimes. The change time, inode and content samples still tell them apart."""
+    folder = tmp_path / "tiny-llama"
+    tiny_model("llama", seed=0).save_pretrained(folder)
+    times = {p: p.stat() for p in folder.iterdir()}
+    cache = StatsCache(tmp_path / "stats")
+    first = fit(tf.AutoModelForCausalLM.from_pretrained(folder).eval(), cache)
+    tiny_model("llama", seed=1).save_pretrained(folder)  # other weights, rewritten in place
+    for path, stat in times.items():
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # the times kept, as cp -p does
+        assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    again = fit(tf.AutoModelForCausalLM.from_pretrained(folder).eval(), cache)
+    assert again.statistics == {"calibration": "computed", "held-out": "computed"}
+    gap = next(iter(first.results["none"].stats))
+    assert not torch.equal(first.results["none"].stats[gap].xtx, again.results["none"].stats[gap].xtx)
+
+
+def test_identity_samples_every_weight_file_and_reads_little(tmp_path):
+    from ghosted.calibration.identity import HEADER_BYTES, SAMPLE_BYTES, SAMPLES, content_sample
+
+    big = tmp_path / "model.safetensors"
+    big.write_bytes(bytes(8 * 2**20))  # 8 MiB of zeros
+    before = content_sample(big, big.stat().st_size)
+    with open(big, "r+b") as handle:  # one byte changed where a sample lands
+        handle.seek(HEADER_BYTES + (big.stat().st_size - HEADER_BYTES) * 3 // SAMPLES)
+        handle.write(b"\x01")
+    assert content_sample(big, big.stat().st_size) != before
+    assert HEADER_BYTES + SAMPLES * SAMPLE_BYTES <= 2**17  # about 128 KiB read per weight file
+
+
+# --- ownership: the cache deletes only what Ghosted wrote ----------------------------------------------
+
+def foreign_files(folder):
+    """A user's files in the cache folder, one with an entry-like name that Ghosted did not write."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mine = {"notes.txt": b"mine", "settings.json": b"{}",
+            "ab" * 16 + ".json": json.dumps({"key": {"not": "an entry of this name"}}).encode()}
+    for name, data in mine.items():
+        (folder / name).write_bytes(data)
+    return mine
+
+
+def test_clear_refuses_a_folder_ghosted_did_not_create(monkeypatch, tmp_path, capsys):
+    folder = tmp_path / "my-files"
+    mine = foreign_files(folder)
+    monkeypatch.setenv("GHOSTED_STATS_CACHE", str(folder))
+    assert main(["cache", "--clear"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: Refusing to clear") and MARKER in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == mine
+
+
+def test_statistics_are_not_saved_into_a_folder_ghosted_did_not_create(folder_model, tmp_path):
+    folder = tmp_path / "my-files"
+    mine = foreign_files(folder)
+    cache = StatsCache(folder)
+    with pytest.warns(RuntimeWarning, match="not Ghosted's statistics cache"):
+        assert fit(folder_model, cache).statistics["calibration"] == "computed"
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == mine
+
+
+def test_clear_and_eviction_remove_only_ghosteds_entries(folder_model, tmp_path, capsys, monkeypatch):
+    cache = StatsCache(tmp_path / "stats")
+    fit(folder_model, cache, drop="1")
+    mine = foreign_files(cache.folder)  # added after Ghosted made the folder
+    limited = StatsCache(cache.folder, limit_gb=1e-9)  # every older entry is beyond the limit
+    fit(folder_model, limited, drop="2")
+    assert len(limited.owned()) == 1  # the newest entry only
+    assert {n: (cache.folder / n).read_bytes() for n in mine} == mine
+    assert limited.others() == sorted(mine)
+    monkeypatch.setenv("GHOSTED_STATS_CACHE", str(cache.folder))
+    assert main(["cache", "--clear"]) == 0
+    assert "3 other file(s) left" in capsys.readouterr().out
+    assert sorted(p.name for p in cache.folder.iterdir()) == sorted([*mine, MARKER])
+
+
+def test_an_older_ghosted_cache_without_a_marker_is_adopted(folder_model, tmp_path):
+    cache = StatsCache(tmp_path / "stats")
+    fit(folder_model, cache)
+    (cache.folder / MARKER).unlink()  # as an older Ghosted left it: entries only
+    fit(folder_model, cache, drop="1")
+    assert (cache.folder / MARKER).exists() and len(cache.owned()) == 4
 
 
 def test_identity_is_cheap_and_refuses_what_it_cannot_name(folder_model, monkeypatch, tmp_path):
@@ -214,8 +329,6 @@ RUN = dict(drop="2-3", methods=["dense", "none", "ghost", "replaceme-ls"], calib
 
 
 def test_run_entries_say_computed_then_reused_with_equal_perplexity(folder_model, monkeypatch):
-    from ghosted.calibration import cache as stats_cache
-
     first, _ = run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(folder_model))
     with monkeypatch.context() as patch:  # evaluation needs the model: forbid only the calibration passes
         patch.setattr(stats_cache, "collect_stats", lambda *a, **k: pytest.fail("calibration ran again"))
@@ -238,7 +351,7 @@ def test_cache_command_lists_and_clears(folder_model, capsys):
     assert "64" in out and "32" in out  # tokens of the calibration (4 x 16) and held-out (2 x 16) passes
     assert main(["cache", "--clear"]) == 0
     assert "cleared" in capsys.readouterr().out
-    assert not any(stats_dir().glob("*")) if stats_dir().exists() else True
+    assert [p.name for p in stats_dir().iterdir()] == [MARKER]  # the folder stays Ghosted's, empty
     assert main(["cache"]) == 0 and "0 entries" in capsys.readouterr().out
 
 

@@ -180,7 +180,9 @@ def test_grid_resume_skips_every_finished_cell(counted, tmp_path):
     assert len(counted) == cells  # nothing computed again
     assert sorted(resumed.meta["resumed"]) == sorted(first.meta["settings"])
     pd.testing.assert_frame_equal(first.frame, resumed.frame)
-    run_grid(cfg, loaded=lm, out_dir=tmp_path)  # without --resume: a new grid
+    with pytest.raises(ValueError, match="--resume"):  # the journal is never dropped silently
+        run_grid(cfg, loaded=lm, out_dir=tmp_path)
+    run_grid(cfg, loaded=lm, out_dir=tmp_path, overwrite=True)  # a new grid, asked for
     assert len(counted) == 2 * cells
 
 

@@ -12,7 +12,7 @@ from ghosted.experiments.spec import (
 
 SMALL = ["--calib-seqs", "4", "--seq-len", "64", "--heldout-seqs", "2", "--eval-tokens", "256",
          "--eval-seq-len", "128", "--drop", "20-21"]
-NOT_SPEC = {"help", "recipe", "out", "dry_run", "offload_folder"}  # run's flags that are not experiment settings
+NOT_SPEC = {"help", "recipe", "out", "overwrite", "dry_run", "offload_folder"}  # run flags, not settings
 
 
 def parser_of(command_name: str) -> argparse.ArgumentParser:

@@ -134,6 +134,23 @@ def test_parse_layers():
         parse_layers("5-3")
 
 
+def test_a_layer_range_is_bounded_before_it_is_expanded():
+    """``--drop 0-99999999999`` used to fill memory while parsing; every range is checked first."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        for spec, bound, words in [("0-2000000", None, "beyond any model"), ("4,0-2000000", 30, "do not exist"),
+                                   (range(2_000_000), None, "more than any model")]:
+            with pytest.raises(ValueError, match=words):
+                parse_layers(spec, bound)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # nothing the size of the range was built
+    assert parse_layers("0-1022") == list(range(1023))  # the bound leaves every real model's layers
+
+
 def test_cannot_drop_everything(tiny_llama):
     with pytest.raises(ValueError, match="keep at least one"):
         prune(tiny_llama, "0-5")

@@ -6,6 +6,7 @@ change, and checks that no temporary sibling folder is left behind.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 from pathlib import Path
@@ -22,7 +23,7 @@ from ghosted.operators.checkpoint import load_recovered, save_recovered
 from ghosted.models.loading import LoadedModel, load_model
 from ghosted.recovery.fitting import recover
 from ghosted.data.windows import TokenWindows
-from tests.tiny import random_ids, tiny_model
+from tests.tiny import random_ids, tiny_model, tiny_model_folder
 
 IDS = random_ids(2, 12, seed=3)
 
@@ -156,11 +157,13 @@ def test_the_cache_is_refused_even_with_overwrite(run, own_cache, tmp_path):
 
 
 # ---------------------------------------------------------------------------- overwrite, faults
-def test_overwrite_replaces_the_folder_and_leaves_no_temporary_folder(run, saved):
-    (saved / "stale.txt").write_text("from an earlier export")
+def test_overwrite_replaces_the_model_keeps_the_users_files_and_leaves_no_temporary_folder(run, saved):
+    (saved / "notes.txt").write_text("the user's, next to an earlier export")
+    assert OPERATORS_FILE in read_recipe(saved)["files"]  # the earlier export's, listed by its recipe
     folder = save_recovered(run.results["none"].model, saved, recipe=run, overwrite=True)
     names = {p.name for p in folder.iterdir()}
-    assert "stale.txt" not in names and OPERATORS_FILE not in names and RECIPE_FILE in names
+    assert OPERATORS_FILE not in names and RECIPE_FILE in names  # Ghosted's stale file went
+    assert (folder / "notes.txt").read_text() == "the user's, next to an earlier export"
     assert temp_siblings(folder) == [] and sorted(p.name for p in saved.parent.iterdir()) == ["ghosted-cache", "saved"]
     assert torch.equal(logits(load_recovered(folder, device="cpu").model), logits(run.results["none"].model))
 
@@ -320,15 +323,7 @@ def test_a_format_1_folder_still_loads(run, saved):
 @pytest.fixture
 def model_folder(tmp_path) -> Path:
     """A tiny Llama with a word-level tokenizer: the CLI can load and calibrate it in a second."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    folder = tmp_path / "base"
-    tiny_model("llama").save_pretrained(folder)
-    raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(95)} | {"[UNK]": 95}, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="w2").save_pretrained(folder)
-    return folder
+    return tiny_model_folder(tmp_path / "base")
 
 
 @pytest.fixture
@@ -390,18 +385,59 @@ def test_cli_refuses_the_bundled_model_folder(no_loading, capsys):
     assert sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()) == before
 
 
-def test_cli_export_overwrite_replaces_a_folder(model_folder, tmp_path, capsys):
+EXPORT = ["export", "--drop", "2-3", "--calib-seqs", "4", "--seq-len", "32", "--heldout-seqs", "0", "--device", "cpu"]
+
+
+def test_cli_export_overwrite_replaces_the_model_and_keeps_the_users_files(model_folder, tmp_path, capsys):
+    """``export --overwrite`` used to delete every file the user had put next to a saved model."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / "config.json").write_text("{}")  # an older model
+    (out / "config.json").write_text("{}")  # an older model, saved before recipes listed their files
+    (out / "ghosted_operators.safetensors").write_bytes(b"old operators")
     (out / "old.txt").write_text("old")
+    (out / "eval").mkdir()
+    (out / "eval" / "scores.csv").write_text("a,b\n")
     source = snapshot(model_folder)
-    code = main(["export", "--model", str(model_folder), "--drop", "2-3", "--method", "ghost", "--calib-seqs", "4",
-                 "--seq-len", "32", "--heldout-seqs", "0", "--device", "cpu", "--out", str(out), "--overwrite"])
-    assert code == 0, capsys.readouterr().err
-    assert not (out / "old.txt").exists() and read_recipe(out)["operator_files"][0]["name"] == OPERATORS_FILE
+    code = main([*EXPORT, "--model", str(model_folder), "--method", "ghost", "--out", str(out), "--overwrite"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert (out / "old.txt").read_text() == "old" and (out / "eval" / "scores.csv").read_text() == "a,b\n"
+    assert "old.txt" in captured.out and "not Ghosted's: kept" in captured.out
+    recipe = read_recipe(out)
+    assert recipe["operator_files"][0]["name"] == OPERATORS_FILE and "old.txt" not in recipe["files"]
     assert temp_siblings(out) == [] and snapshot(model_folder) == source
     assert load_recovered(out, device="cpu").extra["operators"] == 1
+    code = main([*EXPORT, "--model", str(model_folder), "--method", "replaceme-ls", "--out", str(out), "--overwrite"])
+    assert code == 0, capsys.readouterr().err  # folds into the weights: no operator file this time
+    assert not (out / OPERATORS_FILE).exists() and (out / "old.txt").read_text() == "old"
+    assert (out / "eval" / "scores.csv").exists()
+
+
+@pytest.mark.parametrize("failure", ["disk full", "safetensors"])
+def test_an_export_that_cannot_be_written_says_why_and_leaves_the_previous_folder(model_folder, tmp_path, capsys,
+                                                                                  monkeypatch, failure):
+    from safetensors import SafetensorError
+
+    from ghosted.operators import checkpoint
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "notes.txt").write_text("mine")
+    before = snapshot(out)
+
+    def full(*args, **kwargs):  # a full disk, simulated: root ignores chmod and this runs as root in CI
+        if failure == "disk full":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })")
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    code = main([*EXPORT, "--model", str(model_folder), "--method", "ghost", "--out", str(out), "--overwrite"])
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("error: ")]  # after the progress bars
+    assert code == 2 and len(said) == 1 and "Traceback" not in err
+    assert "Could not save the model" in said[0] and "left as it was" in said[0]
+    assert ("No space left" if failure == "disk full" else "StorageFull") in said[0]
+    assert snapshot(out) == before and temp_siblings(out) == []
 
 
 def test_the_command_line_loads_a_saved_folder_with_its_operators(run, saved):
