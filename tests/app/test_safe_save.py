@@ -73,10 +73,11 @@ def test_the_save_box_refuses_what_it_must_and_overwrites_only_when_asked(app, t
     save(at, model)
     no_exception(at)
     assert any("not empty" in e for e in errors(at)) and snapshot(model) == first
-    (model / "stale.txt").write_text("stale")
+    (model / "notes.txt").write_text("the user's")
     save(at, model, overwrite=True)
     no_exception(at)
-    assert not errors(at) and (model / RECIPE_FILE).exists() and not (model / "stale.txt").exists()
+    assert not errors(at) and (model / RECIPE_FILE).exists()
+    assert (model / "notes.txt").read_text() == "the user's"  # overwrite replaces the model, keeps the rest
     from ghosted.experiments.spec import load_spec  # the spec, as `export` saves it: that variant alone
 
     spec = load_spec(model)
