@@ -200,15 +200,12 @@ def test_a_failed_write_warns_once_and_leaves_no_partial_entry(folder_model, tmp
 
 
 def test_a_run_whose_statistics_could_not_be_saved_never_says_they_are_cached(folder_model, monkeypatch):
-    from ghosted.experiments import run as pipeline
-
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(stats_cache, "save_file", disk_full)
     with pytest.warns(RuntimeWarning, match="No space left"):
         report, _ = run_experiment(ExperimentSpec().with_options(**RUN), loaded=loaded(folder_model))
     assert any("not cached" in w for w in report["warnings"]) and report["complete"] is True
-    monkeypatch.setattr(pipeline, "perplexities", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     real = stats_cache.collect_stats
 
     def second_pass_interrupted(*args, **kwargs):  # the calibration pass finishes, the held-out one is cut
