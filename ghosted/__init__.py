@@ -118,7 +118,7 @@ def _check_influence_config(model, windows, config: dict) -> None:
         if not metrics:
             raise ValueError("Give at least one criterion (metrics=[...]).")
         config["metrics"] = list(dict.fromkeys(resolve_criterion(m) for m in metrics))
-    validate.check_count("batch_size", config.get("batch_size", 1))
+    validate.check_count("batch_size", config.get("batch_size", 1), 1, validate.MAX_BATCH)
     validate.check_eps(config.get("eps", 0.0))
     total = validate.facts_of_model(model).layers
     for key in ("n_values", "recoverability_n_values"):
@@ -222,7 +222,7 @@ def _check_fit_settings(settings: dict) -> None:
     if "eps" in settings:
         validate.check_eps(settings["eps"])
     if "batch_size" in settings:
-        validate.check_count("batch_size", settings["batch_size"])
+        validate.check_count("batch_size", settings["batch_size"], 1, validate.MAX_BATCH)
     if "seed" in settings:
         validate.check_seed(settings["seed"])
 
@@ -283,7 +283,7 @@ def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384
 
     data = model if data is None else data
     windows = data
-    validate.check_count("batch_size", batch_size)
+    validate.check_count("batch_size", batch_size, 1, validate.MAX_BATCH)
     if not hasattr(data, "input_ids"):
         validate.check_eval_size(tokens, seq_len, "tokens", "seq_len")
         validate.check_source(source, "evaluation")

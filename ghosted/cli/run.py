@@ -47,7 +47,7 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.experiments.spec import load_spec, spec_from_args
     from ghosted.experiments.run import format_table, run_experiment
-    from ghosted.experiments.validate import check_out_file, check_run, plan_run
+    from ghosted.experiments.validate import MAX_SEEDS, check_count, check_out_file, check_run, plan_run
 
     try:
         base = load_spec(args.recipe) if args.recipe else None
@@ -56,8 +56,7 @@ def handle(args) -> int:
     spec = spec_from_args(args, base=base)  # a recipe's model too
     check_out_file(args.out, overwrite=args.overwrite, model=spec.model.source)  # cheapest first: before any text
     check_run(spec)  # every setting, before the model is loaded
-    if args.seeds < 1:
-        raise ValueError(f"--seeds must be at least 1 (calibration draws); got {args.seeds}.")
+    check_count("seeds", args.seeds, 1, MAX_SEEDS)  # K whole runs: bounded like every other count
     if args.dry_run:
         print(plan_run(spec, facts_from_args(spec)))
         return 0

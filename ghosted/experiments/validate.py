@@ -25,11 +25,16 @@ from pathlib import Path
 from ghosted.recovery.methods import BASELINE, RECOVERY, with_role
 
 SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0, 2**32)
+# Bounds checked before anything is allocated (exact limits, such as the model's positions, come once it loads):
+MAX_TOKENS = 2**27  # tokens in one calibration draw or one evaluation (134M; published protocols use < 1M)
+MAX_WINDOW = 2**20  # tokens in one window (1M; no released model has more positions)
+MAX_BATCH = 2**12  # windows in one forward batch
+MAX_SEEDS = 100  # calibration draws of `run --seeds` (each one a whole run)
 FLAGS = {  # API name -> CLI flag, so one message serves both
     "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
     "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
     "eval_seq_len": "--eval-seq-len", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
-    "rank": "--rank",
+    "seeds": "--seeds", "rank": "--rank",
     "n": "--n", "n_values": "--n-values", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
     "max_gram_gib": "--max-gram-gib",
 }
@@ -46,12 +51,14 @@ def is_whole_number(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_count(name: str, value, minimum: int = 1) -> int:
-    """A whole number >= ``minimum`` (TypeError for floats, bools and strings; ValueError below it)."""
+def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) -> int:
+    """A whole number in [``minimum``, ``maximum``] (TypeError for floats, bools and strings; ValueError outside)."""
     if not is_whole_number(value):
         raise TypeError(f"{_label(name)} must be a whole number, not {value!r} ({type(value).__name__}).")
     if value < minimum:
         raise ValueError(f"{_label(name)} must be at least {minimum}; got {value}.")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{_label(name)} must be at most {maximum:,}; got {value:,}.")
     return int(value)
 
 
@@ -73,14 +80,24 @@ def check_seed(seed) -> int:
 
 
 def check_windows(count_name: str, count, len_name: str, length, minimum_count: int = 1) -> None:
-    """A window count (>= ``minimum_count``) and a window length (>= 2: one token predicts the next)."""
-    check_count(count_name, count, minimum_count)
-    check_count(len_name, length, 2)
+    """A window count (>= ``minimum_count``) and a window length (>= 2: one token predicts the next), their
+    product within ``MAX_TOKENS``: checked before a window is drawn, so no size is spent unbounded."""
+    check_count(count_name, count, minimum_count, MAX_TOKENS)
+    check_count(len_name, length, 2, MAX_WINDOW)
+    check_tokens(f"{_label(count_name)} x {_label(len_name)}", count * length)
+
+
+def check_tokens(what: str, tokens: int) -> None:
+    """A number of tokens to draw or score, at most ``MAX_TOKENS``."""
+    if tokens > MAX_TOKENS:
+        raise ValueError(f"{what} = {tokens:,} tokens is more than Ghosted draws at once ({MAX_TOKENS:,}); "
+                         "use fewer or shorter windows.")
 
 
 def check_eval_size(tokens, seq_len, tokens_name: str = "eval_tokens", len_name: str = "eval_seq_len") -> None:
     """Evaluation tokens that fill at least one window of ``seq_len``."""
-    check_windows(tokens_name, tokens, len_name, seq_len)
+    check_count(tokens_name, tokens, 1, MAX_TOKENS)
+    check_count(len_name, seq_len, 2, MAX_WINDOW)
     if tokens < seq_len:
         raise ValueError(f"{_label(tokens_name)} = {tokens} is less than one window of {_label(len_name)} = "
                          f"{seq_len}: give at least {seq_len} tokens, or a shorter window.")
@@ -282,8 +299,10 @@ def flat_settings(cfg):
 def check_calibration(cfg, min_seqs: int = 1) -> None:
     """The calibration fields shared by an ExperimentSpec, a GridConfig and export: sizes, seed, batch, source."""
     check_windows("calib_seqs", cfg.calib_seqs, "seq_len", cfg.seq_len, min_seqs)
-    check_count("heldout_seqs", cfg.heldout_seqs, minimum=0)
-    check_count("batch_size", cfg.batch_size)
+    check_count("heldout_seqs", cfg.heldout_seqs, 0, MAX_TOKENS)
+    check_tokens(f"({_label('calib_seqs')} + {_label('heldout_seqs')}) x {_label('seq_len')}",
+                 (cfg.calib_seqs + cfg.heldout_seqs) * cfg.seq_len)
+    check_count("batch_size", cfg.batch_size, 1, MAX_BATCH)
     check_seed(cfg.seed)
     check_source(cfg.calib, "calibration")
 

@@ -12,7 +12,8 @@ from ghosted.experiments.spec import (
 
 SMALL = ["--calib-seqs", "4", "--seq-len", "64", "--heldout-seqs", "2", "--eval-tokens", "256",
          "--eval-seq-len", "128", "--drop", "20-21"]
-NOT_SPEC = {"help", "recipe", "out", "overwrite", "dry_run", "offload_folder"}  # run flags, not settings
+NOT_SPEC = {"help", "recipe", "out", "overwrite", "dry_run", "offload_folder",
+            "seeds"}  # run flags, not settings (seeds: how many times the spec runs, each with its own seed)
 
 
 def parser_of(command_name: str) -> argparse.ArgumentParser:
