@@ -280,7 +280,10 @@ def test_ghost_auto_is_never_worse_than_plain_pruning_on_held_out(family, seed, 
         warnings.simplefilter("ignore", IllConditionedFitWarning)
         run = recover(model, drop, ["none", "ghost", "ghost-auto"], fit, held)
     auto, none, paper = (heldout_nll(run.results[m].model, held) for m in ("ghost-auto", "none", "ghost"))
-    assert auto <= none + 1e-9 and auto <= paper + 1e-9
+    assert auto <= none + 1e-9  # never worse than no recovery on the held-out windows
+    if auto > paper + 1e-9:  # the paper's fit predicts them better, but not significantly: the simpler stays
+        reasons = " ".join(run.choices().query("method == 'ghost-auto'").reason)
+        assert "too little held-out text" in reasons or "not significant" in reasons, reasons
     assert set(run.choices().query("method == 'ghost-auto'").chosen) <= {"paper", "robust", "none"}
 
 
