@@ -54,10 +54,11 @@ def _clear_caches(monkeypatch, tmp_path):
     st.cache_data.clear()
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="package")
 def _jobs_end_before_the_page_draws():
     """Queue a job and wait for it in the same script run, so a test reads its result on the next
-    element (the browser instead polls). Session-wide, so module-scoped flows get it too; tests marked
+    element (the browser instead polls). For the whole of tests/app (and only there: the unit tests of
+    the queue see it as it is), so module-scoped flows get it too; tests marked
     ``async_jobs`` see the queue as it is (``_async_jobs``)."""
     def submit_and_wait(self, key, kind, work, owner):
         status = QUEUED_SUBMIT(self, key, kind, work, owner)
