@@ -129,8 +129,8 @@ def first_run(tmp_path_factory, bundled):
 
 
 def _bundled_loader(bundled):
-    def load(args):
-        assert args.model == bundled.source  # the recipe's model is what would be loaded
+    def load(spec, offload_folder=None):
+        assert spec.model.source == bundled.source  # the recipe's model is what would be loaded
         return bundled
     return load
 
