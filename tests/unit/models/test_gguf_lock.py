@@ -171,7 +171,8 @@ def bundled_bytes(n: int) -> bytes:
 def test_a_broken_gguf_is_a_value_error_naming_the_file(tmp_path, cache, content):
     path = tmp_path / "downloaded.gguf"
     path.write_bytes(content())
-    with pytest.raises(ValueError, match=r"downloaded\.gguf is damaged or not a weights file: .*download, copy or export it again"):
+    named = r"downloaded\.gguf is damaged or not a weights file: .*download, copy or export it again"
+    with pytest.raises(ValueError, match=named):
         load_model(str(path), device="cpu")
     assert cache_entries(cache) == []
     assert path.read_bytes() == content()  # the file is only read
