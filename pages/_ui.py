@@ -23,6 +23,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 from ghosted.experiments.frontend import (DeployConfig, JobQueue, JobStatus, LoadedModel, ModelLoadError, Progress,
                                          SourceUnavailableError, describe, format_layers, from_env, layer_param_count,
                                          links, load_any, num_layers, workbench as wb)
+from pages import _restore
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
@@ -92,6 +93,7 @@ def open_link() -> None:
         return
     set_selection(link.fit.layers)
     st.session_state[REASON] = "from the link you opened"
+    _restore.remember(link)  # the link's settings show in the forms of their pages
     ask(RUN, link.fit)
     if link.evaluation is not None:
         ask(EVALUATION, link.evaluation)

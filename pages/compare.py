@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ghosted.experiments.frontend import parse_tasks, workbench as wb
-from pages import _assets, _charts, _text, _ui
+from pages import _assets, _charts, _restore, _text, _ui
 
 LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant
 DEFAULTS = wb.EvalRequest()  # the page's defaults: what the precompute script stores
@@ -13,6 +13,7 @@ DEMO_MAX_EXAMPLES = 100  # examples per task in a restricted (public demo) deplo
 
 def eval_form(cfg, fit: wb.FitRequest) -> None:
     """Evaluation text and size; a click queues the evaluation of ``fit``'s variants."""
+    _restore.place(_restore.EVALUATION_KEYS)  # an opened link's settings
     kind = _text.text_kind(cfg, "bundled:wiki", "eval", "Evaluation text (a part never used for calibration)")
     with st.form("eval_form"):
         text = _text.text_inputs(cfg, kind, "eval")

@@ -4,7 +4,7 @@ import streamlit as st
 
 from ghosted.experiments.frontend import (METHODS, RECOVERY, format_layers, help_text, hidden_size, num_layers,
                                           with_role, workbench as wb)
-from pages import _charts, _text, _ui
+from pages import _charts, _restore, _text, _ui
 
 DEFAULTS = wb.FitRequest()  # the page's defaults: what the precompute script stores
 METHOD_HELP = help_text(with_role(METHODS, RECOVERY))  # from the registry, ghosted.recovery.methods
@@ -18,6 +18,7 @@ AUTO_NOTE = ("**ghost-auto** is the default: per gap it keeps the paper's fit (*
 def settings_form(cfg, model, layers: list[int]) -> None:
     """Calibration settings; a click queues the run (``request``)."""
     fittable = with_role(METHODS, RECOVERY)
+    _restore.place(_restore.CALIBRATION_KEYS)  # an opened link's settings
     kind = _text.text_kind(cfg, "bundled:news", "calib", "Calibration text")
     with st.form("calibrate_form"):
         text = _text.text_inputs(cfg, kind, "calib")
@@ -35,12 +36,12 @@ def settings_form(cfg, model, layers: list[int]) -> None:
         methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
                                  key="calib_methods", help=METHOD_HELP,
                                  default=[m for m in DEFAULTS.methods if m in fittable])
-        mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True,
+        mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True, key="calib_mode",
                         help="independent: every gap fitted on the dense model (paper); sequential: "
                              "each gap fitted on the model already pruned and patched upstream")
         with st.expander("Advanced"):
-            batch = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch)
-            granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True,
+            batch = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch, key="calib_batch")
+            granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True, key="calib_granularity",
                                    help="one per contiguous block, or one per removed layer")
         st.form_submit_button("Calibrate and fit", type="primary", key="calibrate_run", disabled=_ui.busy(_ui.RUN),
                               on_click=_ui.start_job, args=("calibrate",))

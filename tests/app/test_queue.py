@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from ghosted.experiments import workbench as wb
-from pages import _ui
+from pages import _restore, _ui
 from tests.app.conftest import ROOT, TIMEOUT, errors, figures, influence_of, no_exception, open_page, run_of
 
 WAIT = 600  # seconds a test waits for a job (the CPU is shared); never reached when the queue works
@@ -149,3 +149,29 @@ def test_a_bad_link_says_why_and_leaves_the_session_usable(monkeypatch):
     no_exception(at)
     assert any("This link could not be opened" in e and "unknown methods" in e for e in errors(at))
     assert at.session_state[_ui.SELECTION] == [] and _ui.RUN not in at.session_state
+
+
+def test_a_link_shows_its_settings_in_the_forms_of_its_pages(monkeypatch):
+    monkeypatch.delenv("GHOSTED_DEMO", raising=False)
+    monkeypatch.delenv("GHOSTED_DEPLOY", raising=False)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    at.query_params.update({"layers": "20-21", "methods": "ghost", "n": "4", "len": "64", "heldout": "2",
+                            "seed": "3", "mode": "sequential", "calib": "bundled:wiki",
+                            "tokens": "256", "window": "128"})
+    at.run()
+    no_exception(at)
+    open_page(at, "recover")
+    no_exception(at)
+    asked = {key: at.number_input(key=key).value for key in ("calib_n", "calib_len", "calib_heldout", "calib_seed")}
+    assert asked == {"calib_n": 4, "calib_len": 64, "calib_heldout": 2, "calib_seed": 3}
+    assert at.multiselect(key="calib_methods").value == ["ghost"]
+    assert at.radio(key="calib_mode").value == "sequential" and at.radio(key="calib_kind").value == "bundled:wiki"
+    assert not [w.proto.body for w in at.warning if "Session State API" in w.proto.body]
+    open_page(at, "compare")
+    no_exception(at)
+    assert (at.number_input(key="eval_tokens").value, at.number_input(key="eval_window").value) == (256, 128)
+    open_page(at, "recover")  # shown once: the user's own changes are not overwritten on return
+    at.number_input(key="calib_n").set_value(8).run()
+    open_page(at, "compare")
+    open_page(at, "recover")
+    assert _restore.FORM in at.session_state and not at.session_state[_restore.FORM]
