@@ -54,10 +54,19 @@ def fit_auto(ctx: FitContext, name: str) -> MethodResult:
 
 def _heldout(ctx: FitContext, fits: dict[Gap, GapFit], name: str) -> WindowScores:
     """Held-out per-window NLL sums of the cut with ``fits`` at their gaps (no operator at the others)."""
-    from ghosted.evaluation.perplexity import perplexity
+    return _heldout_many(ctx, {"trial": fits}, name)["trial"]
 
-    return perplexity(assemble(ctx.model, ctx.dropped, fits, name, rule=ctx.rule), ctx.heldout_windows,
-                      batch_size=ctx.cfg.calibration.batch_size, label=f"{name} held-out").scores
+
+def _heldout_many(ctx: FitContext, trials: dict[str, dict[Gap, GapFit]], name: str) -> dict[str, WindowScores]:
+    """``_heldout`` of several configurations in one pass: the cuts keep the very same layers up to the
+    first gap where they differ, so those layers run once for all (``shared_prefix``, equal to scoring
+    each alone)."""
+    from ghosted.evaluation.shared_prefix import perplexities
+
+    models = {label: assemble(ctx.model, ctx.dropped, fits, name, rule=ctx.rule) for label, fits in trials.items()}
+    scored = perplexities(models, ctx.heldout_windows, batch_size=ctx.cfg.calibration.batch_size, reference=None,
+                          baselines=())
+    return {label: result.scores for label, result in scored.items()}
 
 
 def _mean(scores: WindowScores) -> float:
@@ -125,15 +134,19 @@ def _auto(ctx: FitContext, name: str):
     options = {c: {g: fit(ctx.stats[g], ctx.heldout[g], ctx.cfg)[0] for g in gaps} for c, fit in _AUTO_FITS.items()}
     scored: dict[tuple[str, ...], WindowScores] = {}
 
-    def held(picks: tuple[str, ...]) -> WindowScores:
-        if picks not in scored:
-            scored[picks] = _heldout(ctx, {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}, name)
-        return scored[picks]
+    def held(configurations: list[tuple[str, ...]]) -> list[WindowScores]:
+        todo = {"/".join(picks): {g: options[p][g] for g, p in zip(gaps, picks) if p != "none"}
+                for picks in dict.fromkeys(configurations) if picks not in scored}
+        if todo:  # the new configurations differ at one gap: their common layers run once
+            for label, scores in _heldout_many(ctx, todo, name).items():
+                scored[tuple(label.split("/"))] = scores
+        return [scored[picks] for picks in configurations]
 
     current = ("none",) * len(gaps)
     choices = []
     for i, g in enumerate(counted(gaps, ctx.progress, "ghost-auto: choosing per gap")):
-        trials = {c: held(current[:i] + (c,) + current[i + 1:]) for c in AUTO_CANDIDATES}
+        configurations = [current[:i] + (c,) + current[i + 1:] for c in AUTO_CANDIDATES]
+        trials = dict(zip(AUTO_CANDIDATES, held(configurations)))
         choices.append(_auto_choice(ctx, name, g, trials))
         current = current[:i] + (choices[-1]["chosen"],) + current[i + 1:]
     return {g: options[p][g] for g, p in zip(gaps, current) if p != "none"}, choices
@@ -156,8 +169,8 @@ def _auto_sequential(ctx: FitContext, entry: registry.Method) -> MethodResult:
         t1 = time.perf_counter()
         options = {c: fit(fit_stats[gap], held_stats[gap], ctx.cfg)[0] for c, fit in _AUTO_FITS.items()}
         kept = {g: f for g, f in chosen.items() if f is not None}
-        trials = {c: _heldout(ctx, {**kept, **({gap: options[c]} if c in options else {})}, name)
-                  for c in AUTO_CANDIDATES}
+        trials = _heldout_many(ctx, {c: {**kept, **({gap: options[c]} if c in options else {})}
+                                     for c in AUTO_CANDIDATES}, name)
         rows.append(_auto_choice(ctx, name, gap, trials, ", fitted on the stream patched upstream"))
         pick = rows[-1]["chosen"]
         chosen[gap], final = options.get(pick), trials[pick]
