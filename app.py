@@ -27,6 +27,7 @@ PAGES = [
 page = st.navigation(PAGES, position="top")
 _ui.open_deep_link()
 _ui.open_link()  # a shared link's experiment (query parameters), once per session
+_ui.warm_up()  # once per server: the precomputed presets' runs, refitted from the statistics cache
 _ui.sidebar()
 st.session_state[_ui.FRAMED] = True  # pages check it: they always run inside this frame
 try:

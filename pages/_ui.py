@@ -22,7 +22,8 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from ghosted.experiments.frontend import (DeployConfig, JobQueue, JobStatus, LoadedModel, ModelLoadError, Progress,
                                          SourceUnavailableError, describe, format_layers, from_env, layer_param_count,
-                                         links, load_any, num_layers, workbench as wb)
+                                         links, load_any, num_layers, precompute,
+                                         workbench as wb)
 from pages import _restore
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
@@ -199,6 +200,8 @@ def backend() -> JobQueue:
 
 _BACKEND: JobQueue | None = None
 _BACKEND_LOCK = threading.Lock()
+_WARMED = False  # the precomputed fits were queued (``warm_up``)
+WARM_OWNER = "server/warm-up"  # owner of the server's own jobs (always alive)
 
 
 def owner() -> str:
@@ -210,10 +213,32 @@ def owner() -> str:
 
 
 def session_alive(owner_id: str) -> bool:
-    """False once the browser session has gone (a closed tab); True where no server runs (tests)."""
+    """False once the browser session has gone (a closed tab); True where no server runs (tests) and for
+    the server's own warm-up jobs."""
     from streamlit.runtime import Runtime
 
+    if owner_id == WARM_OWNER:
+        return True
     return not Runtime.exists() or Runtime.instance().is_active_session(owner_id.rsplit("/", 1)[0])
+
+
+def warm_up() -> None:
+    """Once per server, on its first page: queue the precomputed plan's fits for the default model (the
+    influence report and the statistics are on disk; the fitted runs hold models, kept in memory only),
+    so that the presets' runs are ready before anyone asks. Sessions asking for one join its job."""
+    global _WARMED
+    with _BACKEND_LOCK:
+        if _WARMED or model_key(DEFAULT_SPEC) != current_key():
+            return
+        _WARMED = True
+    try:
+        lm = load(dict(DEFAULT_SPEC))
+        plan = precompute.server_plan(deployment())
+        requests = precompute.warm_requests(plan, backend().store, model_key(DEFAULT_SPEC), num_layers(lm.model))
+    except USER_ERRORS:
+        return  # a broken list or model: the pages say so when they are used; nothing to warm
+    for fit in requests:
+        backend().submit(fit.key(), fit.kind, work_of(fit, lm), WARM_OWNER)
 
 
 def request_of(name: str):

@@ -55,6 +55,15 @@ def default_plan() -> list[Experiment]:
     return [Experiment(preset=name) for name in wb.PRESETS]
 
 
+def server_plan(cfg: DeployConfig) -> list[Experiment]:
+    """The plan this server was precomputed with: the teacher's list ``$GHOSTED_PRECOMPUTE_LIST`` names
+    (the file ``--list`` read), else the default plan."""
+    import os
+
+    listed = os.environ.get("GHOSTED_PRECOMPUTE_LIST", "").strip()
+    return read_plan(listed, cfg) if listed else default_plan()
+
+
 def read_plan(path: str | Path, cfg: DeployConfig) -> list[Experiment]:
     """The experiments of a teacher's list (JSON or TOML), each checked; ValueError names what is wrong."""
     path = Path(path)
@@ -144,6 +153,29 @@ def precompute(plan: list[Experiment], cfg: DeployConfig, say=print, progress=No
                 _stored(store, evaluation, lambda r: r.compute(lm, fitted, progress), say)
                 done["evaluate"].append(evaluation.key())
     return done
+
+
+def warm_requests(plan: list[Experiment], store, model_key: str, n_layers: int) -> list[wb.FitRequest]:
+    """The fit requests of ``plan`` for the model ``model_key`` names whose layers are known without a
+    forward pass: given, or a preset on the influence report already in ``store`` (precomputed). The
+    server queues them when it starts (``pages/_ui.warm_up``): a fitted run holds models, so it lives in
+    memory only, and this refits it from the statistics cache before the first visitor asks."""
+    from ghosted.models.pruning import parse_layers
+
+    entries = [e for e in plan if wb.model_key({**wb.DEFAULT_MODEL, "source": e.model}) == model_key]
+    if not entries:
+        return []
+    stored = store.get(wb.InfluenceRequest(model=model_key).key())
+    requests = []
+    for e in entries:
+        if e.layers:
+            layers = parse_layers(e.layers, n_layers)
+        elif stored is not None:
+            layers = wb.apply_preset(stored.report, e.preset, e.n)[0]
+        else:
+            continue  # no report to apply the preset to: the first visitor's influence job computes it
+        requests.append(wb.FitRequest(model=model_key, layers=tuple(layers), methods=e.methods))
+    return list(dict.fromkeys(requests))
 
 
 def _stored(store, request, compute, say):

@@ -175,3 +175,24 @@ def test_a_link_shows_its_settings_in_the_forms_of_its_pages(monkeypatch):
     open_page(at, "compare")
     open_page(at, "recover")
     assert _restore.FORM in at.session_state and not at.session_state[_restore.FORM]
+
+
+def test_the_server_warms_the_precomputed_runs_and_a_session_gets_the_warm_one(monkeypatch, tmp_path):
+    listed = tmp_path / "class.toml"
+    listed.write_text('[[experiment]]\nlayers = "20-21"\nmethods = ["ghost"]\n')
+    monkeypatch.setenv("GHOSTED_PRECOMPUTE_LIST", str(listed))
+    monkeypatch.setattr(_ui, "_WARMED", False)
+    at = session(monkeypatch)  # the server's first page queues the list's fit
+    no_exception(at)
+    warm = wb.FitRequest(model=_ui.current_key(), layers=(20, 21), methods=("ghost",))
+    assert _ui.backend().status(warm.key(), _ui.WARM_OWNER) is not None
+    assert _ui.backend().wait(warm.key(), timeout=WAIT).state == "done"
+    fitted = _ui.backend().store.get(warm.key())
+
+    other = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    other.query_params.update({"layers": "20-21", "methods": "ghost"})  # the same run, by a link
+    other.run()
+    no_exception(other)
+    assert run_of(other).run is fitted.run  # the warm result itself: nothing fitted again
+    session(monkeypatch)  # a second server page does not queue it again
+    assert _ui.backend().status(warm.key(), _ui.WARM_OWNER).state == "done"

@@ -66,3 +66,34 @@ def test_the_script_exits_2_with_one_line(tmp_path, capsys, monkeypatch):
     assert precompute.main(["--list", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("precompute: experiment 1:") and "\n" not in err
+
+
+class _Report:
+    """Stands in for a stored influence result: what ``apply_preset`` reads is stubbed below."""
+
+    report = object()
+
+
+def test_the_server_warms_the_fits_whose_layers_are_known_without_a_forward_pass(tmp_path, monkeypatch):
+    key = wb.model_key(wb.DEFAULT_MODEL)
+    plan = [precompute.Experiment(layers="20-21", methods=("ghost",)),
+            precompute.Experiment(preset="ShortGPT n", n=3),
+            precompute.Experiment(model="someone/else", layers="1-2")]  # another model: not this server's
+    store = wb.shared_store(folder=tmp_path)
+    warm = precompute.warm_requests(plan, store, key, n_layers=30)
+    assert warm == [wb.FitRequest(model=key, layers=(20, 21), methods=("ghost",))]  # no report yet: no preset
+
+    monkeypatch.setattr(wb, "apply_preset", lambda report, preset, n: (list(range(10, 10 + n)), "stub"))
+    store.put(wb.InfluenceRequest(model=key).key(), _Report(), "report-in-memory")
+    warm = precompute.warm_requests(plan, store, key, n_layers=30)
+    assert [w.layers for w in warm] == [(20, 21), (10, 11, 12)]
+    assert precompute.warm_requests(plan, store, "another|model", n_layers=30) == []
+
+
+def test_the_server_plan_is_the_list_it_was_precomputed_with(tmp_path, monkeypatch):
+    listed = tmp_path / "class.toml"
+    listed.write_text('[[experiment]]\nlayers = "3-4"\nmethods = ["ghost"]\n')
+    monkeypatch.setenv("GHOSTED_PRECOMPUTE_LIST", str(listed))
+    assert [e.layers for e in precompute.server_plan(LOCAL)] == ["3-4"]
+    monkeypatch.delenv("GHOSTED_PRECOMPUTE_LIST")
+    assert precompute.server_plan(LOCAL) == precompute.default_plan()
