@@ -57,7 +57,8 @@ SHOTS = os.environ.get("GHOSTED_LOAD_SHOTS")  # a folder for a screenshot of eac
 def start_server(workdir: Path, precomputed: bool) -> tuple[subprocess.Popen, str]:
     """The demo app on a loopback port, with its own statistics cache and result store under ``workdir``."""
     env = {**os.environ, "GHOSTED_DEMO": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "GHOSTED_STATS_CACHE": str(workdir / "stats"), "GHOSTED_RESULTS": str(workdir / "results")}
+           "GHOSTED_STATS_CACHE": str(workdir / "stats"), "GHOSTED_RESULTS": str(workdir / "results"),
+           "GHOSTED_JOB_LOG": str(workdir / "jobs.jsonl")}
     env.pop("GHOSTED_DEPLOY", None)
     if precomputed:
         subprocess.run([sys.executable, "scripts/precompute.py"], cwd=ROOT, env=env, check=True)
@@ -205,6 +206,19 @@ async def flow(browser, url: str, n_block: int, record: dict) -> None:
         await context.close()
 
 
+async def warm_visit(browser, url: str) -> None:
+    """One untimed visit before the class arrives, as on a server that has been up: the model is loaded
+    and the server's warm-up (the precomputed runs, ``pages/_ui.warm_up``) is queued."""
+    context = await browser.new_context()
+    page = await context.new_page()
+    page.set_default_timeout(STEP_TIMEOUT_MS)
+    try:
+        await page.goto(url)
+        await idle(page)
+    finally:
+        await context.close()
+
+
 async def sessions(url: str, count: int, choices: str) -> list[dict]:
     from playwright.async_api import async_playwright
 
@@ -213,6 +227,7 @@ async def sessions(url: str, count: int, choices: str) -> list[dict]:
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
+            await warm_visit(browser, url)
             await asyncio.gather(*(flow(browser, url, r["block_n"], r) for r in records))
         finally:
             await browser.close()
@@ -242,9 +257,24 @@ def summary(records: list[dict]) -> dict:
     return out
 
 
+def job_summary(log: Path) -> dict:
+    """What the server computed, from its job log: per kind, jobs done and their summed seconds."""
+    jobs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    out = {}
+    for job in jobs:
+        entry = out.setdefault(job["kind"], {"done": 0, "other": 0, "seconds": 0.0})
+        if job["state"] == "done":
+            entry["done"] += 1
+            entry["seconds"] += job["seconds"] or 0.0
+        else:
+            entry["other"] += 1
+    return out
+
+
 def run_cell(count: int, choices: str, precomputed: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="ghosted-load-") as tmp:
         server, url = start_server(Path(tmp), precomputed)
+        load_before = os.getloadavg()[0]
         try:
             with PeakMemory(server.pid) as memory:
                 idle_mib = tree_rss_mib(server.pid)
@@ -253,8 +283,10 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
                 wall = time.perf_counter() - started
         finally:
             stop(server, grace_s=30)
+        jobs = job_summary(Path(tmp) / "jobs.jsonl")
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
-            "server_idle_mib": idle_mib, "server_peak_mib": memory.peak, **summary(records),
+            "server_idle_mib": idle_mib, "server_peak_mib": memory.peak, **summary(records), "jobs": jobs,
+            "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count()}
 
 
@@ -277,7 +309,7 @@ def seconds(entry: dict) -> str:
 def report_table(results: dict) -> str:
     header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
               "compared s", "whole flow s", "page switch while jobs run s", "saw their place", "errors",
-              "server peak MiB"]
+              "server peak MiB", "jobs computed", "wall / summed job time", "load before"]
     rows = []
     for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
         switch = cell["page_switch"]
@@ -285,8 +317,25 @@ def report_table(results: dict) -> str:
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
                      seconds(cell["total"]), seconds(switch) if switch["count"] else "-",
                      f"{cell['saw_queue_place']} of {cell['sessions']}", cell["errors"],
-                     f"{cell['server_peak_mib']:.0f}"])
+                     f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell),
+                     f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
     return table(header, rows)
+
+
+def jobs_text(cell: dict) -> str:
+    """The jobs the server ran, e.g. "1 influence, 8 fit, 8 evaluate" ("-" without a job log)."""
+    jobs = cell.get("jobs")
+    if jobs is None:
+        return "-"
+    return ", ".join(f"{j['done']} {kind}" for kind, j in sorted(jobs.items()) if j["done"]) or "none"
+
+
+def wall_ratio(cell: dict) -> str:
+    """Wall time of the whole cell over the summed time of the jobs it computed: at most 1 when no
+    session waited on anything but the jobs themselves, run one after another."""
+    if not cell.get("job_seconds"):
+        return "-"
+    return f"{cell['wall_s'] / cell['job_seconds']:.2f}"
 
 
 def deploy_sentence(results: dict) -> str:
@@ -294,11 +343,13 @@ def deploy_sentence(results: dict) -> str:
     if not cells:
         return ("`python -m bench.load` has not yet measured a session that finished the flow on this machine; "
                 "see docs/BENCHMARKS.md (section \"A class at once\") for what was run.")
-    measured = ", ".join(f"{c['sessions']} session(s) with {c['choices']} choices" for c in
-                         sorted(cells.values(), key=lambda c: (c["choices"], c["sessions"])))
+    measured = ", ".join(f"{plural(c['sessions'], 'session')} with {c['choices']} choices"
+                         f"{' (precomputed)' if c['precomputed'] else ''}" for c in
+                         sorted(cells.values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])))
     largest = max(cells.values(), key=lambda c: (c["sessions"], c["choices"] == "different"))
     return (f"Measured with `python -m bench.load` on {largest['cores']} cores ({largest['date']}): {measured}. "
-            f"With {largest['sessions']} sessions following the teaching flow with {largest['choices']} choices, "
+            f"With {plural(largest['sessions'], 'session')} following the teaching flow with "
+            f"{largest['choices']} choices, "
             f"the median session had its compared results after {largest['total']['median_s']:.0f} s "
             f"(95th percentile {largest['total']['p95_s']:.0f} s), page switches while jobs ran took "
             f"{seconds(largest['page_switch'])} s (median / p95), {largest['errors']} error(s), and the server "
@@ -306,10 +357,20 @@ def deploy_sentence(results: dict) -> str:
             "(section \"A class at once\").")
 
 
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
 def write_report(results: dict, argv: list[str] | None) -> None:
     body = (report_table(results) + "\n\nTimes are per session, from opening the app (influence) or from the "
             "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
-            "title, while that session's run was being computed. Cells not listed were not run.")
+            "title, while that session's run was being computed. Each cell starts a fresh server and visits it "
+            "once before the sessions (untimed: the model loads and the server queues its warm-up, as on a "
+            "server that has been up). \"jobs computed\" and the summed job time come from the server's job "
+            "log (`GHOSTED_JOB_LOG`); \"wall / summed job time\" below 1 means the workers ran jobs side by side "
+            "and no session waited on anything but them. \"load before\" is the machine's 1-minute load "
+            "average when the cell started (other work on the machine slows every number). Cells not listed "
+            "were not run.")
     write_section("load", "A class at once: N browser sessions on one demo server", argv, body)
     from ghosted.core.docblocks import markers, write_block
 

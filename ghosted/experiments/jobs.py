@@ -28,10 +28,12 @@ Example:
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import threading
 import time
+import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,6 +57,12 @@ def default_threads() -> int:
     if env and (not env.isdigit() or int(env) < 1):
         raise ValueError(f"GHOSTED_JOB_THREADS must be a whole number of at least 1, got {env!r}.")
     return int(env) if env else 1
+
+
+def default_log() -> str | None:
+    """Where every ended job is logged, one JSON line each (``$GHOSTED_JOB_LOG``), or None: an operator's
+    record of what a class asked for and how long it took (``bench/load.py`` reads it)."""
+    return os.environ.get("GHOSTED_JOB_LOG", "").strip() or None
 
 
 def default_workers(cores: int | None = None, threads_per_job: int = 1) -> int:
@@ -110,12 +118,14 @@ class JobQueue:
     """Heavy jobs of every session through a fixed pool of worker threads, results into ``store``."""
 
     def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int | None = None,
-                 alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic):
+                 alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic,
+                 log: str | None = None):
         self.store = store if store is not None else ResultStore()
         self.threads_per_job = max(1, threads_per_job or default_threads())  # torch threads each job runs with
         self.workers = workers or default_workers(threads_per_job=self.threads_per_job)
         self.alive = alive  # owner -> still there? None: every owner stays until it cancels or leaves
         self._clock = clock
+        self.log = log or default_log()  # a file that gets one JSON line per ended job; None: no log
         self._cond = threading.Condition()
         self._jobs: dict[str, _Job] = {}  # queued and running
         self._waiting: deque[str] = deque()  # queued keys, first in first out
@@ -228,6 +238,21 @@ class JobQueue:
                 self._ended.popitem(last=False)
         job.ended.set()
         self._cond.notify_all()
+        self._write_log(job)
+
+    def _write_log(self, job: _Job) -> None:
+        """One line for an ended job: key, kind, state, seconds it ran (None: it never started)."""
+        if not self.log:
+            return
+        ran = None if job.started is None else round(self._clock() - job.started, 3)
+        line = json.dumps({"key": job.key, "kind": job.kind, "state": job.state, "seconds": ran,
+                           "owners": len(job.owners), "ended": round(time.time(), 3)})
+        try:
+            with open(self.log, "a", encoding="utf-8") as out:
+                out.write(line + "\n")
+        except OSError as err:
+            warnings.warn(f"Could not write the job log {self.log} ({err}).", RuntimeWarning, stacklevel=2)
+            self.log = None  # warned once; the jobs go on
 
     def _start_workers(self) -> None:
         while len(self._threads) < self.workers:

@@ -189,3 +189,34 @@ def test_the_store_shared_by_the_queue_is_the_one_given():
     queue.submit("k", "fit", job, "a")
     queue.wait("k", WAIT)
     assert store.get("k") == "v"
+
+
+def test_every_ended_job_is_logged_one_json_line_each(tmp_path):
+    import json
+
+    log = tmp_path / "jobs.jsonl"
+    queue = JobQueue(workers=1, log=str(log))
+    done = Gate("report")
+    queue.submit("k1", "influence", done, "alice")
+    done.opened.set()
+    assert queue.wait("k1", WAIT).state == "done"
+
+    def broken(progress):
+        raise ValueError("a bad setting")
+
+    queue.submit("k2", "fit", broken, "bob")
+    assert queue.wait("k2", WAIT).state == "failed"
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["key"], e["kind"], e["state"], e["owners"]) for e in lines] == [
+        ("k1", "influence", "done", 1), ("k2", "fit", "failed", 1)]
+    assert all(e["seconds"] >= 0 for e in lines)
+
+
+def test_an_unwritable_job_log_warns_once_and_the_jobs_go_on(tmp_path):
+    queue = JobQueue(workers=1, log=str(tmp_path / "missing" / "jobs.jsonl"))
+    job = Gate("x")
+    queue.submit("k", "fit", job, "alice")
+    with pytest.warns(RuntimeWarning, match="job log"):
+        job.opened.set()
+        assert queue.wait("k", WAIT).state == "done"
+    assert queue.log is None and queue.store.get("k") == "x"
