@@ -287,7 +287,13 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
             "server_idle_mib": idle_mib, "server_peak_mib": memory.peak, **summary(records), "jobs": jobs,
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
-            "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count()}
+            "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count(), "commit": commit()}
+
+
+def commit() -> str:
+    """The commit the server ran (the numbers belong to that code)."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 # --- the report -----------------------------------------------------------------------------------------
