@@ -38,6 +38,7 @@ class DeployConfig:
     max_eval_tokens: int | None = None  # tokens scored per perplexity
     max_upload_mb: float = 200.0  # uploaded calibration text (matches server.maxUploadSize)
     max_new_tokens: int = 200  # longest sample generation
+    max_probe_tokens: int | None = None  # tokens read by the token view or the lens (one pass per variant)
     allow_costly_criteria: bool = True  # influence criteria with a pass per layer or a backward pass
     # (removal perplexity, Taylor+, SLEB): minutes per layer set on a small shared CPU
     stats_cache_gb: float | None = None  # calibration statistics kept on disk, shared by every session;
@@ -128,6 +129,19 @@ class DeployConfig:
         if max_new_tokens > self.max_new_tokens:
             raise DeployRefusal(f"At most {self.max_new_tokens} new tokens per prompt here.")
 
+    def check_probe(self, text: str, max_tokens: int) -> None:
+        """Refuse a token view or lens over more than ``max_probe_tokens`` tokens, or a text too long to be
+        that many (``PROBE_CHARS_PER_TOKEN`` characters a token at most) before it is even tokenized."""
+        cap = self.max_probe_tokens
+        if cap is None:
+            return
+        if max_tokens > cap:
+            raise DeployRefusal(f"{max_tokens:,} tokens; the {self.name} deployment reads at most {cap:,} "
+                                "tokens of a text here.")
+        if len(text) > cap * PROBE_CHARS_PER_TOKEN:
+            raise DeployRefusal(f"The text has {len(text):,} characters; the {self.name} deployment takes at most "
+                                f"{cap * PROBE_CHARS_PER_TOKEN:,} here. Shorten it.")
+
     def check_criteria(self, metrics) -> None:
         """Refuse the costly influence criteria (a forward pass per layer, or a backward pass) where barred."""
         if self.allow_costly_criteria:
@@ -146,6 +160,7 @@ class DeployConfig:
         return self.models if self.models is not None else (BUNDLED_MODEL,)
 
 
+PROBE_CHARS_PER_TOKEN = 8  # characters a read token may span, at most, in a capped deployment
 COSTLY_COSTS = ("per-layer", "gradient")  # criterion costs barred by ``allow_costly_criteria=False``
 
 
@@ -169,14 +184,14 @@ LOCAL = DeployConfig()  # a workstation: everything allowed, nothing capped
 DEMO = DeployConfig(  # a public CPU demo (e.g. a 2-vCPU Space): small, safe, no downloads
     name="demo", models=(BUNDLED_MODEL,), allow_local_paths=False, allow_hub_datasets=False,
     allow_trust_remote_code=False, allow_model_download=False, max_calib_tokens=8192,
-    max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, allow_costly_criteria=False,
+    max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, max_probe_tokens=256, allow_costly_criteria=False,
     stats_cache_gb=2.0, shared_results=48, idle_release_s=20 * 60)
 CLASSROOM = DeployConfig(  # a shared teaching server: small hub models, room for real runs
     name="classroom", models=(BUNDLED_MODEL, "HuggingFaceTB/SmolLM2-135M-Instruct",
                               "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
     allow_local_paths=False, allow_hub_datasets=True, allow_trust_remote_code=False,
     allow_model_download=False, max_calib_tokens=32768, max_eval_tokens=32768, max_upload_mb=20,
-    max_new_tokens=128, stats_cache_gb=10.0, shared_results=96, idle_release_s=45 * 60)
+    max_new_tokens=128, max_probe_tokens=512, stats_cache_gb=10.0, shared_results=96, idle_release_s=45 * 60)
 PRESETS = {"local": LOCAL, "demo": DEMO, "classroom": CLASSROOM}
 
 
