@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ghosted.experiments.frontend import parse_tasks, workbench as wb
-from pages import _assets, _charts, _restore, _text, _ui
+from pages import _assets, _charts, _fidelity, _restore, _text, _ui
 
 LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant
 DEFAULTS = wb.EvalRequest()  # the page's defaults: what the precompute script stores
@@ -206,3 +206,5 @@ zeroshot_section(stored)
 show_boundary(stored)
 show_sinks(stored)
 generations(stored)
+_fidelity.token_section("compare")
+_fidelity.lens_section("compare")

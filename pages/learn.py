@@ -8,7 +8,7 @@ import streamlit as st
 
 from ghosted.experiments.frontend import (directions_holding, format_layers, hidden_size, num_layers, removed_shares,
                                          workbench as wb)
-from pages import _assets, _charts, _ui
+from pages import _assets, _charts, _fidelity, _ui
 
 ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"
 
@@ -189,6 +189,14 @@ def robust_perplexities(stored: wb.FittedRun) -> None:
         st.info(say("sinks", "try_robust"))
 
 
+def step_fidelity() -> None:
+    """Where the cut hurts, token by token, and what each layer boundary reads, on the user's run."""
+    st.header("7 · Where the cut hurts, token by token")
+    st.markdown(say("fidelity", "intro"))
+    _fidelity.token_section("learn")
+    _fidelity.lens_section("learn")
+
+
 _ui.require_frame(__file__)
 st.title("Learn: how ghost layers work")
 lm = _ui.require_model()
@@ -199,3 +207,4 @@ step_least_squares(run)
 step_restricted(run)
 step_frontier(run)
 step_sinks(run)
+step_fidelity()
