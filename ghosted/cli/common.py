@@ -33,6 +33,13 @@ def add_dry_run(p: argparse.ArgumentParser) -> None:
                         "forward passes) without loading weights or computing anything")
 
 
+def add_seeds_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """``--seeds K``: K calibration draws (seeds --seed .. --seed+K-1); ``what`` says what each draw redoes."""
+    p.add_argument("--seeds", type=int, default=1, metavar="K",
+                   help=f"redraw the calibration windows K times (seeds --seed .. --seed+K-1), {what}, and report "
+                        "each method's mean perplexity and its spread over the draws")
+
+
 def progress_from_args(args):
     """The progress of a command's work: tqdm bars on stderr, none with ``--quiet``; use it as
     ``with progress_from_args(args) as progress:`` so every bar is closed however the work ends."""

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from ghosted.cli.common import (
-    add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
-    progress_from_args)
+    add_dry_run, add_model_args, add_protocol_args, add_seeds_arg, add_task_args, add_text_args, facts_from_args,
+    load_from_args, progress_from_args)
 
 
 GRID_FILES = ("grid.csv", "grid.md", "grid.json", "grid_tasks.csv", "grid.jsonl")  # what a grid writes
@@ -38,6 +38,7 @@ def add_parser(sub) -> None:
     g.add_argument("--methods", default="all", help="'all' or a " + methods_help())
     g.add_argument("--evals", default="bundled:wiki,bundled:news", help="evaluation texts, comma list")
     add_spec_args(g, ["eval_tokens", "eval_seq_len"], defaults={"eval_tokens": grid_base().evaluation.tokens})
+    add_seeds_arg(g, "every cell fitted on each (the layers chosen on the first)")
     add_protocol_args(p)
     add_task_args(p)
     p.add_argument("--out-dir", default="grid",
@@ -64,7 +65,7 @@ def handle(args) -> int:
     methods = list(REGISTRY) if args.methods == "all" else _list(args.methods)
     base = spec_from_args(args, ignore=("n", "methods")).with_options(methods=methods)  # --n, --methods: the grid's
     cfg = GridConfig(base=base, selections=_list(args.selections), n_values=parse_counts(args.n, "--n"),
-                     evals=_list(args.evals))
+                     evals=_list(args.evals), seeds=args.seeds)
     check_out_dir(args.out_dir, overwrite=args.overwrite or args.resume, model=args.model,  # --resume: its own
                   names=GRID_FILES)  # cheapest first: a bad --out-dir fails before any text is read
     GridJournal.check(args.out_dir, args.resume, args.overwrite)  # an earlier grid's journal is never lost

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from ghosted.cli.common import (
-    add_dry_run, add_model_args, add_protocol_args, add_task_args, add_text_args, facts_from_args, load_from_args,
-    progress_from_args, write_json)
+    add_dry_run, add_model_args, add_protocol_args, add_seeds_arg, add_task_args, add_text_args, facts_from_args,
+    load_from_args, progress_from_args, write_json)
 
 
 def add_parser(sub) -> None:
@@ -30,9 +30,7 @@ def add_parser(sub) -> None:
     add_spec_args(p.add_argument_group("recovery details"), RECOVERY_DETAILS)
     add_protocol_args(p)
     add_task_args(p)
-    p.add_argument("--seeds", type=int, default=1, metavar="K",
-                   help="redraw the calibration windows K times (seeds --seed .. --seed+K-1) and report each "
-                        "method's mean perplexity and its spread over the draws")
+    add_seeds_arg(p, "a whole run on each")
     p.add_argument("--out", default=None, help="write the JSON report here (also what finished, "
                                                  "with \"complete\": false, when the run is stopped); an "
                                                  "existing file only if Ghosted wrote it, never in the model's folder")
@@ -47,7 +45,7 @@ def add_parser(sub) -> None:
 def handle(args) -> int:
     from ghosted.experiments.spec import load_spec, spec_from_args
     from ghosted.experiments.run import format_table, run_experiment
-    from ghosted.experiments.validate import MAX_SEEDS, check_count, check_out_file, check_run, plan_run
+    from ghosted.experiments.validate import check_draws, check_out_file, check_run, plan_run
 
     try:
         base = load_spec(args.recipe) if args.recipe else None
@@ -56,7 +54,7 @@ def handle(args) -> int:
     spec = spec_from_args(args, base=base)  # a recipe's model too
     check_out_file(args.out, overwrite=args.overwrite, model=spec.model.source)  # cheapest first: before any text
     check_run(spec)  # every setting, before the model is loaded
-    check_count("seeds", args.seeds, 1, MAX_SEEDS)  # K whole runs: bounded like every other count
+    check_draws(spec.calibration.seed, args.seeds)  # K whole runs: bounded like every other count
     if args.dry_run:
         print(plan_run(spec, facts_from_args(spec)))
         return 0

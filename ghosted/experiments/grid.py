@@ -5,17 +5,21 @@ ShortGPT) and pruning ratios (7 and 11 of 32 layers). This module runs the same 
 
   1. one calibration draw (fit + held-out windows) serves everything;
   2. one influence pass scores every criterion for every n, then each (criterion, n) picks its layers;
-  3. per distinct layer set, one ``recover`` call fits every method from a single calibration pass;
-  4. per evaluation text, ``shared_prefix.perplexities`` scores all recovered models, sharing the
-     layers before the first patched one; the dense model is scored once per text.
+  3. per distinct layer set, one session fit fits every method from a single calibration pass;
+  4. per evaluation text, the session scores all recovered models through the shared prefix (the
+     layers before the first patched one are run once); the dense model is scored once per text;
+  5. with ``seeds`` K > 1, every layer set is fitted again on K - 1 other calibration draws (seeds
+     ``seed + 1 .. seed + K - 1``; the layers stay those the first draw chose) and every row gains its
+     perplexity's mean, standard deviation, min and max over the K draws.
 
-``GridResult.frame`` is tidy (one row per setting x method x text); ``markdown()`` renders the table
-that docs/REPRODUCTION.md embeds, ``save()`` writes grid.csv, grid.md and grid.json.
+``GridResult.frame`` is tidy (one row per setting x method x text); ``markdown()`` renders the tables
+(``ghosted.experiments.grid_report``) that docs/REPRODUCTION.md embeds, ``save()`` writes grid.csv,
+grid.md and grid.json.
 
 Finished work is kept: with an output folder, every finished part (the layers each selection chose,
-the dense rows, each layer set's cell) is appended to ``grid.jsonl`` as it finishes and the csv/md/json
-files are rewritten; ``resume=True`` takes every part whose key and settings match from that journal
-instead of computing it again, and a Ctrl-C leaves the finished cells on disk.
+the dense rows, each layer set's cell on each draw) is appended to ``grid.jsonl`` as it finishes and the
+csv/md/json files are rewritten; ``resume=True`` takes every part whose key and settings match from that
+journal instead of computing it again, and a Ctrl-C leaves the finished cells on disk.
 """
 
 from __future__ import annotations
@@ -29,16 +33,20 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from ghosted.core.progress import Progress, lines
 from ghosted.experiments import validate
-from ghosted.core.progress import Progress, Say, lines
-from ghosted.models.loading import LoadedModel
+from ghosted.experiments.grid_report import seeds_markdown, task_markdown, to_markdown
 from ghosted.experiments.journal import GridJournal, settings_digest
+from ghosted.experiments.seeds import summarize_seeds
 from ghosted.experiments.session import Session
 from ghosted.experiments.spec import ExperimentSpec
-from ghosted.models.loading import versions
+from ghosted.models.loading import LoadedModel, versions
 from ghosted.models.pruning import format_layers
 from ghosted.recovery import methods as registry
 from ghosted.recovery.fitting import BRANCH_METHODS
+
+__all__ = ["ALIASES", "GridConfig", "GridResult", "applicable", "choose_layers", "evaluate_setting", "grid_base",
+           "run_grid", "task_markdown", "task_record", "to_markdown"]
 
 ALIASES = {  # the paper's selections, as its released code computes them (sequence-axis cosine)
     "streamline": "seqcos_streamline",
@@ -65,21 +73,29 @@ class GridConfig:
     # or any ghosted.selection.criteria.CRITERIA name (e.g. streamline_cosine, block_influence)
     n_values: list[int] = field(default_factory=lambda: [7, 11])  # layers removed (paper: 7 and 11 of 32)
     evals: list[str] = field(default_factory=lambda: ["bundled:wiki", "bundled:news"])  # (paper: WikiText-2, PTB, C4)
+    seeds: int = 1  # calibration draws each cell is fitted on (seeds base seed .. + K - 1); 1: one draw, as a run
 
     @classmethod
     def of(cls, **options) -> GridConfig:
-        """A grid from flat names: its axes, and the spec's flat names (``calib_seqs=8``) over ``grid_base()``."""
+        """A grid from flat names: its axes, ``seeds``, and the spec's flat names (``calib_seqs=8``) over
+        ``grid_base()``."""
         axes = {name: list(options.pop(name)) for name in GRID_AXES if name in options}
-        return cls(base=grid_base().with_options(**options), **axes)
+        draws = {"seeds": options.pop("seeds")} if "seeds" in options else {}
+        return cls(base=grid_base().with_options(**options), **axes, **draws)
 
     def flat(self) -> SimpleNamespace:
-        """The base's settings and the axes under the command line's flat names (for the checks)."""
-        return SimpleNamespace(**self.base.options(), **{name: getattr(self, name) for name in GRID_AXES})
+        """The base's settings, the axes and ``seeds`` under the command line's flat names (for the checks)."""
+        return SimpleNamespace(**self.base.options(), **{name: getattr(self, name) for name in GRID_AXES},
+                               seeds=self.seeds)
 
     def criterion(self, selection: str) -> str:
         from ghosted.selection.criteria import resolve_criterion
 
         return resolve_criterion(selection)  # ALIASES, and the other names people use (bi, angular, ...)
+
+    def draws(self) -> list[int]:
+        """The calibration seeds every cell is fitted on, the first one (the base's seed) choosing the layers."""
+        return [self.base.calibration.seed + i for i in range(self.seeds)]
 
 
 @dataclass
@@ -91,7 +107,7 @@ class GridResult:
     tasks: pd.DataFrame | None = None  # zero-shot scores: selection, n, layers, model (method), task, metric, ...
 
     def markdown(self) -> str:
-        return to_markdown(self.frame, self.meta) + task_markdown(self.tasks)
+        return to_markdown(self.frame, self.meta) + seeds_markdown(self.frame, self.meta) + task_markdown(self.tasks)
 
     def save(self, out_dir: str | Path) -> list[Path]:
         """Write grid.csv (tidy rows), grid.md (tables) and grid.json (rows + meta) into ``out_dir``."""
@@ -128,42 +144,27 @@ def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[s
     return [m for m in methods if m not in BRANCH_METHODS], note
 
 
-@dataclass
-class GridContext:
-    """What every part of a grid reads: its settings, the session (model, windows), where finished
-    parts are journaled, the digest of the settings, the state so far and the progress lines."""
-
-    cfg: GridConfig
-    session: Session  # the model and the calibration and evaluation windows, drawn once
-    journal: GridJournal | None  # None: no output folder, nothing journaled or resumed
-    settings: str  # settings_digest(): what every journaled part is keyed under
-    state: _GridState
-    say: Say  # one line per part of the grid, between the bars of its work
-
-    @property
-    def texts(self) -> list[str]:
-        return list(self.session.evaluation(self.cfg.evals).texts)
-
-    def find(self, kind: str, key: dict) -> dict | None:
-        return self.journal.find(kind, self.settings, key) if self.journal else None
-
-    def add(self, kind: str, key: dict, **payload) -> None:
-        if self.journal:
-            self.journal.add(kind, self.settings, key, **payload)
-
-
-def evaluate_setting(ctx: GridContext, layers: list[int], methods: list[str]) -> tuple[list[dict], dict, object]:
-    """Rows (method x text) for one layer set: the session's fit (one calibration pass) and its
-    shared-prefix evaluation; and the zero-shot scores of every method (a ``TaskRun``, None without tasks)."""
+def evaluate_setting(session: Session, layers: list[int], methods: list[str], evals: list[str],
+                     tasks: bool = True) -> tuple[list[dict], dict, object]:
+    """Rows (method x text) for one layer set on ``session``'s calibration draw: its fit (one calibration
+    pass) and shared-prefix evaluation on ``evals``; timings; and the zero-shot scores of every method (a
+    ``TaskRun``; None without tasks or with ``tasks`` False)."""
     started = time.perf_counter()
-    fitted = ctx.session.fit(layers, methods)
+    fitted = session.fit(layers, methods)
     done = time.perf_counter()
     # the reference (dense) in the same pass gives each method's KL and top-1 agreement; its own rows are
     # the grid's dense rows, scored once per text, so they are left out here
-    table = ctx.session.evaluate(fitted, reference=True, texts=ctx.cfg.evals)
-    tasks = ctx.session.tasks(fitted.models)
+    table = session.evaluate(fitted, reference=True, texts=evals)
+    scored = session.tasks(fitted.models) if tasks else None
     timing = {"fit_seconds": round(done - started, 1), "eval_seconds": round(time.perf_counter() - done, 1)}
-    return [r for r in table.records() if r["method"] in fitted.models], timing, tasks
+    return [r for r in table.records() if r["method"] in fitted.models], timing, scored
+
+
+def task_record(run) -> dict | None:
+    """A ``TaskRun`` as plain JSON (its frame's rows, protocols and skipped tasks), None without tasks."""
+    if run is None:
+        return None
+    return {"rows": run.frame.to_dict("records"), "protocols": run.protocols, "skipped": run.skipped}
 
 
 def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progress | None = None,
@@ -181,7 +182,10 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
         GridJournal.check(out_dir, resume, overwrite)
     state = _GridState(cfg, time.perf_counter(), out_dir)
     try:
-        return _run_grid(cfg, loaded, progress, state, resume, overwrite)
+        session = Session(cfg.base, loaded, progress)  # loads cfg.base.model unless given
+        validate.check_grid_model(cfg, validate.facts_of_model(session.lm.model))  # before any forward pass
+        journal = GridJournal(out_dir, resume, overwrite) if out_dir is not None else None
+        return _GridRun(session, journal, state, progress).run()
     except BaseException as err:  # Ctrl-C included: what finished is on disk; hand it over too
         if state.meta and isinstance(err, (Exception, KeyboardInterrupt)):
             err.partial_result = state.result(complete=False)
@@ -190,7 +194,7 @@ def run_grid(cfg: GridConfig, loaded: LoadedModel | None = None, progress: Progr
 
 @dataclass
 class _GridState:
-    """The grid so far: rows of the finished cells, and the meta."""
+    """The grid so far: rows of the finished cells on every calibration draw, and the meta."""
 
     cfg: GridConfig
     started: float
@@ -198,7 +202,8 @@ class _GridState:
     meta: dict = field(default_factory=dict)
     chosen: dict = field(default_factory=dict)  # (selection, n) -> (layers, reason)
     dense: dict = field(default_factory=dict)  # eval text -> row
-    cells: dict = field(default_factory=dict)  # layers tuple -> rows
+    cells: dict = field(default_factory=dict)  # layers tuple -> rows (the first calibration draw)
+    redrawn: dict = field(default_factory=dict)  # (layers tuple, seed) -> rows of the other draws
     tasks: dict = field(default_factory=dict)  # "dense" or layers tuple -> task_record(...) (None: no tasks)
 
     def result(self, complete: bool) -> GridResult:
@@ -208,7 +213,7 @@ class _GridState:
                        "layers": format_layers(layers)}
             cell = self.cells.get(tuple(layers))
             if cell is not None or not registry.with_role(self.cfg.base.methods, registry.BASELINE, registry.RECOVERY):
-                rows += [{**setting, **r} for r in [*self.dense.values(), *(cell or [])]]
+                rows += [{**setting, **r} for r in self.spread(layers, [*self.dense.values(), *(cell or [])])]
                 scored = (self.tasks.get("dense"), self.tasks.get(tuple(layers)))
                 task_rows += [{**r, **setting} for record in scored if record for r in record["rows"]]
         meta = {**self.meta, "complete": complete, "versions": versions(),
@@ -219,195 +224,148 @@ class _GridState:
                              "skipped": {t: why for r in records for t, why in r["skipped"].items()}}
         return GridResult(pd.DataFrame(rows), meta, pd.DataFrame(task_rows) if task_rows else None)
 
+    def spread(self, layers: list[int], rows: list[dict]) -> list[dict]:
+        """``rows`` (the first draw) with their perplexity's mean, std, min, max and number of finished draws
+        over every calibration draw of this layer set (the dense model's is the same on every draw);
+        ``rows`` as they are for a grid of one draw."""
+        seeds = self.cfg.draws()
+        if len(seeds) < 2:
+            return rows
+        others = [self.redrawn[tuple(layers), s] for s in seeds[1:] if (tuple(layers), s) in self.redrawn]
+        reference = [r for r in rows if registry.role_of(r["method"]) == registry.REFERENCE]
+        out = []
+        for text in dict.fromkeys(r["eval"] for r in rows):
+            per_draw = {i: {r["method"]: r["ppl"] for r in [*reference, *draw] if r["eval"] == text}
+                        for i, draw in enumerate([rows, *others])}
+            summary = summarize_seeds(per_draw)
+            out += [{**r, **{f"ppl_{k}": summary[r["method"]][k] for k in ("mean", "std", "min", "max")},
+                     "seeds": summary[r["method"]]["seeds"]} for r in rows if r["eval"] == text]
+        return out
+
     def saved(self) -> None:
         """Rewrite the output files with every finished cell (complete or not)."""
         if self.out_dir is not None:
             self.result(complete=False).save(self.out_dir)
 
 
-def _run_grid(cfg: GridConfig, loaded, progress: Progress | None, state: _GridState, resume: bool,
-              overwrite: bool = False) -> GridResult:
-    session = Session(cfg.base, loaded, progress)  # loads cfg.base.model unless given
-    validate.check_grid_model(cfg, validate.facts_of_model(session.lm.model))  # before any forward pass
-    journal = GridJournal(state.out_dir, resume, overwrite) if state.out_dir is not None else None
-    ctx = GridContext(cfg, session, journal, settings_digest(cfg, session.lm), state, lines(progress))
-    windows, evaluation = session.calibration(), session.evaluation(cfg.evals)
-    state.meta = {"config": vars(cfg.flat()), "spec": cfg.base.to_dict(),  # config: flat names, for reading
-                  "model": session.lm.name, "influence_seconds": 0.0, "selections": {},
-                  "calibration": windows.fit.protocol,
-                  "evaluation": {s: w.protocol for s, w in evaluation.texts.items()},
-                  "notes": [], "settings": {}, "resumed": [], "protocol": evaluation.protocol}
-    state.chosen = _chosen_layers(ctx)
-    state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
-                                             "reason": why} for (s, n), (lay, why) in state.chosen.items()}
-    if registry.with_role(cfg.base.methods, registry.REFERENCE):
-        _reference_rows(ctx)
-        _reference_tasks(ctx)
-    fitted = session.fitted_methods()
-    for (selection, n), (layers, _) in state.chosen.items():
-        if tuple(layers) not in state.cells and fitted:
-            _layer_set(ctx, selection, n, layers, fitted)
-    result = state.result(complete=True)
-    if state.out_dir is not None:
-        result.save(state.out_dir)
-    return result
+class _GridRun:
+    """One grid being run: the first draw's session (model, windows), the journal of finished parts (keyed
+    by the settings' digest) and the state so far, read by each part of the grid (one method each)."""
 
+    def __init__(self, session: Session, journal: GridJournal | None, state: _GridState,
+                 progress: Progress | None):
+        self.cfg, self.session, self.journal, self.state = state.cfg, session, journal, state
+        self.progress = progress
+        self.say = lines(progress)  # one line per part of the grid, between the bars of its work
+        self.settings = settings_digest(self.cfg, session.lm)  # what every journaled part is keyed under
+        self.sessions = {self.cfg.draws()[0]: session}  # seed -> the session on that calibration draw
 
-def _layer_set(ctx: GridContext, selection: str, n: int, layers: list[int], fitted: list[str]) -> None:
-    """One layer set's rows: from the journal, or fitted and evaluated now (and journaled)."""
-    state, key, text = ctx.state, tuple(layers), format_layers(layers)
-    methods, notes = applicable(fitted, layers)
-    cell_key = {"layers": list(layers), "methods": methods, "evals": ctx.texts}
-    record = ctx.find("cell", cell_key)
-    if record is not None:
-        ctx.say(f"{selection} n={n}: layers {text}, finished earlier (resumed)")
-        state.cells[key], timing = record["rows"], record["timing"]
-        state.tasks[key] = record.get("tasks")
-        state.meta["resumed"].append(text)
-    else:
-        ctx.say(f"{selection} n={n}: layers {text}, {len(methods)} methods")
-        state.cells[key], timing, tasks = evaluate_setting(ctx, layers, methods)
-        state.tasks[key] = task_record(tasks)
-        ctx.add("cell", cell_key, rows=state.cells[key], timing=timing, tasks=state.tasks[key])
-    state.meta["settings"][text] = timing
-    state.meta["notes"] += [f"{selection} {n} (layers {text}): {x}" for x in notes]
-    state.saved()
+    @property
+    def texts(self) -> list[str]:
+        return list(self.session.evaluation(self.cfg.evals).texts)
 
+    def find(self, kind: str, key: dict) -> dict | None:
+        return self.journal.find(kind, self.settings, key) if self.journal else None
 
-def _chosen_layers(ctx: GridContext) -> dict:
-    """(selection, n) -> (layers, reason): from the journal when every one is there, else one influence pass."""
-    cfg = ctx.cfg
-    wanted = [(s, n) for s in cfg.selections for n in cfg.n_values]
-    found = {w: ctx.find("selection", {"selection": w[0], "n": w[1]}) for w in wanted}
-    if all(found.values()):
-        ctx.say("layers chosen earlier (resumed): " + ", ".join(f"{s} {n}" for s, n in wanted))
-        return {w: (r["layers"], r["reason"]) for w, r in found.items()}
-    ctx.say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
-    t0 = time.perf_counter()
-    chosen = choose_layers(ctx.session, cfg)
-    ctx.state.meta["influence_seconds"] = round(time.perf_counter() - t0, 1)
-    for (s, n), (layers, why) in chosen.items():
-        ctx.add("selection", {"selection": s, "n": n}, layers=list(layers), reason=why)
-    return chosen
+    def add(self, kind: str, key: dict, **payload) -> None:
+        if self.journal:
+            self.journal.add(kind, self.settings, key, **payload)
 
+    def run(self) -> GridResult:
+        cfg, state, session = self.cfg, self.state, self.session
+        windows, evaluation = session.calibration(), session.evaluation(cfg.evals)
+        state.meta = {"config": vars(cfg.flat()), "spec": cfg.base.to_dict(),  # config: flat names, for reading
+                      "model": session.lm.name, "influence_seconds": 0.0, "selections": {},
+                      "calibration": windows.fit.protocol,
+                      "evaluation": {s: w.protocol for s, w in evaluation.texts.items()},
+                      "notes": [], "settings": {}, "resumed": [], "protocol": evaluation.protocol,
+                      "seeds": cfg.draws()}
+        state.chosen = self.chosen_layers()
+        state.meta["selections"] = {f"{s} {n}": {"criterion": cfg.criterion(s), "layers": format_layers(lay),
+                                                 "reason": why} for (s, n), (lay, why) in state.chosen.items()}
+        if registry.with_role(cfg.base.methods, registry.REFERENCE):
+            self.reference_rows()
+            self.reference_tasks()
+        fitted = session.fitted_methods()
+        for seed in cfg.draws() if fitted else []:  # the whole first draw, then each other draw
+            for (selection, n), (layers, _) in state.chosen.items():
+                self.layer_set(seed, selection, n, layers, fitted)
+        result = state.result(complete=True)
+        if state.out_dir is not None:
+            result.save(state.out_dir)
+        return result
 
-def task_record(run) -> dict | None:
-    """A ``TaskRun`` as plain JSON (its frame's rows, protocols and skipped tasks), None without tasks."""
-    if run is None:
-        return None
-    return {"rows": run.frame.to_dict("records"), "protocols": run.protocols, "skipped": run.skipped}
+    def session_on(self, seed: int) -> Session:
+        """The session on calibration draw ``seed``: the same model and evaluation texts, other windows."""
+        if seed not in self.sessions:
+            self.sessions[seed] = Session(self.cfg.base.with_options(seed=seed), self.session.lm, self.progress)
+        return self.sessions[seed]
 
-
-def _reference_tasks(ctx: GridContext) -> None:
-    """The dense model's zero-shot scores, once for the whole grid (or resumed)."""
-    tasks = ctx.cfg.base.evaluation.tasks
-    if not tasks:
-        return
-    record = ctx.find("dense-tasks", {"tasks": tasks})
-    if record is None:
-        record = {"tasks": task_record(ctx.session.tasks(ctx.session.models()))}
-        ctx.add("dense-tasks", {"tasks": tasks}, tasks=record["tasks"])
-    ctx.state.tasks["dense"] = record["tasks"]
-
-
-def _reference_rows(ctx: GridContext) -> None:
-    """The dense model's perplexity on each text, computed once for the whole grid (or resumed)."""
-    rows = ctx.state.dense
-    for source in ctx.texts:
-        record = ctx.find("dense", {"eval": source})
+    def layer_set(self, seed: int, selection: str, n: int, layers: list[int], fitted: list[str]) -> None:
+        """One layer set's rows on calibration draw ``seed``: from the journal, or fitted and evaluated now
+        (and journaled). A layer set two selections share is fitted once per draw."""
+        state, first = self.state, seed == self.cfg.draws()[0]
+        store, key = (state.cells, tuple(layers)) if first else (state.redrawn, (tuple(layers), seed))
+        if key in store:
+            return
+        text = format_layers(layers) if first else f"{format_layers(layers)} seed {seed}"
+        methods, notes = applicable(fitted, layers)
+        cell_key = {"layers": list(layers), "methods": methods, "evals": self.texts,
+                    **({} if first else {"seed": seed})}  # the first draw's key as before seeds existed
+        record = self.find("cell", cell_key)
         if record is not None:
-            ctx.say(f"dense on {source}: finished earlier (resumed)")
-            rows[source] = record["row"]
-            continue
-        ctx.say(f"dense on {source}")
-        table = ctx.session.evaluate(texts=ctx.cfg.evals, on=source)
-        rows[source] = table.records()[0]
-        ctx.add("dense", {"eval": source}, row=rows[source])
+            self.say(f"{selection} n={n}: layers {text}, finished earlier (resumed)")
+            store[key], timing, tasks = record["rows"], record["timing"], record.get("tasks")
+            state.meta["resumed"].append(text)
+        else:
+            self.say(f"{selection} n={n}: layers {text}, {len(methods)} methods")
+            store[key], timing, scored = evaluate_setting(self.session_on(seed), layers, methods, self.cfg.evals,
+                                                          tasks=first)
+            tasks = task_record(scored)
+            self.add("cell", cell_key, rows=store[key], timing=timing, tasks=tasks)
+        if first:
+            state.tasks[key] = tasks
+            state.meta["notes"] += [f"{selection} {n} (layers {text}): {x}" for x in notes]
+        state.meta["settings"][text] = timing
+        state.saved()
 
+    def chosen_layers(self) -> dict:
+        """(selection, n) -> (layers, reason): from the journal when every one is there, else one influence pass."""
+        cfg = self.cfg
+        wanted = [(s, n) for s in cfg.selections for n in cfg.n_values]
+        found = {w: self.find("selection", {"selection": w[0], "n": w[1]}) for w in wanted}
+        if all(found.values()):
+            self.say("layers chosen earlier (resumed): " + ", ".join(f"{s} {n}" for s, n in wanted))
+            return {w: (r["layers"], r["reason"]) for w, r in found.items()}
+        self.say("influence pass: " + ", ".join(cfg.criterion(s) for s in cfg.selections))
+        t0 = time.perf_counter()
+        chosen = choose_layers(self.session, cfg)
+        self.state.meta["influence_seconds"] = round(time.perf_counter() - t0, 1)
+        for (s, n), (layers, why) in chosen.items():
+            self.add("selection", {"selection": s, "n": n}, layers=list(layers), reason=why)
+        return chosen
 
-def to_markdown(frame: pd.DataFrame, meta: dict) -> str:
-    """One table per evaluation text: rows = selection x n, columns = methods; best recovery in bold."""
-    if frame.empty:
-        return "(empty grid)"
-    methods = list(dict.fromkeys(frame.method))
-    parts = []
-    for source in dict.fromkeys(frame["eval"]):
-        proto = meta.get("evaluation", {}).get(source, {})
-        parts.append(f"**Perplexity on {source}** ({proto.get('scored_tokens', '?')} tokens scored in "
-                     f"{proto.get('n_windows', '?')} windows of {proto.get('seq_len', '?')}; lower is better; "
-                     "[95 % bootstrap interval over windows]; ns: the paired difference from none holds zero)\n")
-        parts.append("| selection | n | layers | " + " | ".join(methods) + " |")
-        parts.append("|---|---|---|" + "---|" * len(methods))
-        sub = frame[frame["eval"] == source]
-        for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
-            ppl = dict(zip(group.method, group.ppl))
-            recovered = {m: v for m, v in ppl.items() if registry.role_of(m) == registry.RECOVERY}
-            best = min(recovered, key=recovered.get) if recovered else None
-            rows = {r["method"]: r for r in group.to_dict("records")}
-            cells = [_cell(ppl.get(m), m == best) + _interval_suffix(rows.get(m)) for m in methods]
-            parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")
-        parts.append("")
-        parts += fidelity_markdown(sub, methods, source)
-    return "\n".join(parts).rstrip()
+    def reference_tasks(self) -> None:
+        """The dense model's zero-shot scores, once for the whole grid (or resumed)."""
+        tasks = self.cfg.base.evaluation.tasks
+        if not tasks:
+            return
+        record = self.find("dense-tasks", {"tasks": tasks})
+        if record is None:
+            record = {"tasks": task_record(self.session.tasks(self.session.models()))}
+            self.add("dense-tasks", {"tasks": tasks}, tasks=record["tasks"])
+        self.state.tasks["dense"] = record["tasks"]
 
-
-def _known(row: dict | None, key: str) -> bool:
-    value = None if row is None else row.get(key)
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
-
-
-def _interval_suffix(row: dict | None) -> str:
-    """`` [low, high]`` (95 % bootstrap) and `` ns`` when the paired Δppl from the pruned model holds zero."""
-    if not _known(row, "ppl_low"):
-        return ""
-    ns = " ns" if _known(row, "d_none_significant") and not row["d_none_significant"] else ""
-    return f" [{row['ppl_low']:.2f}, {row['ppl_high']:.2f}]{ns}"
-
-
-def fidelity_markdown(sub: pd.DataFrame, methods: list[str], source: str) -> list[str]:
-    """A table of each method's KL from the dense model (nats per token) and top-1 agreement with it."""
-    if "kl" not in sub or sub.kl.isna().all():
-        return []
-    shown = [m for m in methods if registry.role_of(m) != registry.REFERENCE]
-    parts = [f"**Fidelity to the dense model on {source}** (mean per-token KL(dense ‖ model) in nats "
-             "[95 % interval] · top-1 agreement; lower KL, higher agreement is closer)\n",
-             "| selection | n | layers | " + " | ".join(shown) + " |", "|---|---|---|" + "---|" * len(shown)]
-    for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
-        rows = {r["method"]: r for r in group.to_dict("records")}
-        cells = [f"{rows[m]['kl']:.3f} [{rows[m]['kl_low']:.3f}, {rows[m]['kl_high']:.3f}] · "
-                 f"{100 * rows[m]['top1']:.1f}%" if _known(rows.get(m), "kl_low") else "n/a" for m in shown]
-        parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells) + " |")
-    return [*parts, ""]
-
-
-def task_markdown(tasks: pd.DataFrame | None) -> str:
-    """One accuracy table per task (% ± stderr), rows = selection x n, columns = methods; and the
-    average over tasks when there are several (the paper's AVG). Empty without tasks."""
-    if tasks is None or tasks.empty:
-        return ""
-    acc = tasks[tasks.metric == "acc"]
-    names = list(dict.fromkeys(acc.task))
-    parts = [""]
-    for task in [*names, "average"] if len(names) > 1 else names:
-        sub = acc[acc.task == task] if task != "average" else \
-            acc.groupby(["selection", "n", "layers", "model"], sort=False, as_index=False).value.mean()
-        methods = list(dict.fromkeys(sub.model))
-        what = f"Zero-shot accuracy on {task}" if task != "average" else "Zero-shot accuracy, average over tasks"
-        parts += [f"\n**{what}** (%, higher is better)\n", "| selection | n | layers | " + " | ".join(methods) + " |",
-                  "|---|---|---|" + "---|" * len(methods)]
-        for (selection, n, layers), group in sub.groupby(["selection", "n", "layers"], sort=False):
-            cells = {r.model: _acc_cell(r.value, getattr(r, "stderr", None)) for r in group.itertuples()}
-            parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells.get(m, "n/a") for m in methods) + " |")
-    return "\n".join(parts)
-
-
-def _acc_cell(value: float, stderr: float | None) -> str:
-    err = "" if stderr is None or math.isnan(stderr) else f" ± {100 * stderr:.1f}"
-    return f"{100 * value:.1f}{err}"
-
-
-def _cell(value: float | None, bold: bool) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    text = f"{value:.2f}" if value < 1000 else f"{value:.3g}"
-    return f"**{text}**" if bold else text
+    def reference_rows(self) -> None:
+        """The dense model's perplexity on each text, computed once for the whole grid (or resumed)."""
+        rows = self.state.dense
+        for source in self.texts:
+            record = self.find("dense", {"eval": source})
+            if record is not None:
+                self.say(f"dense on {source}: finished earlier (resumed)")
+                rows[source] = record["row"]
+                continue
+            self.say(f"dense on {source}")
+            table = self.session.evaluate(texts=self.cfg.evals, on=source)
+            rows[source] = table.records()[0]
+            self.add("dense", {"eval": source}, row=rows[source])

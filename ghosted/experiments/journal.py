@@ -86,7 +86,8 @@ def settings_digest(cfg, lm) -> str:
     the model's identity (so a changed checkpoint at the same path is not mistaken for the old one)."""
     from ghosted.calibration.cache import model_identity
 
-    which_cells = ("selections", "n_values", "methods", "evals", "cache")  # part of each record's key instead
+    # part of each record's key instead (a cell of another draw carries its seed), or changes no result
+    which_cells = ("selections", "n_values", "methods", "evals", "cache", "seeds")
     settings = {k: v for k, v in vars(cfg.flat()).items() if k not in which_cells}
     settings["model_identity"] = model_identity(lm.model)
     settings["model_name"] = lm.name

@@ -29,7 +29,7 @@ SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0
 MAX_TOKENS = 2**27  # tokens in one calibration draw or one evaluation (134M; published protocols use < 1M)
 MAX_WINDOW = 2**20  # tokens in one window (1M; no released model has more positions)
 MAX_BATCH = 2**12  # windows in one forward batch
-MAX_SEEDS = 100  # calibration draws of `run --seeds` (each one a whole run)
+MAX_SEEDS = 100  # calibration draws of `run --seeds` (each one a whole run) and `grid --seeds` (a fit per cell)
 FLAGS = {  # API name -> CLI flag, so one message serves both
     "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
     "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
@@ -77,6 +77,16 @@ def check_seed(seed) -> int:
     if seed >= SEED_LIMIT:
         raise ValueError(f"{_label('seed')} must be below 2**32 = {SEED_LIMIT}; got {seed}.")
     return int(seed)
+
+
+def check_draws(seed, seeds) -> int:
+    """``seeds`` calibration draws from ``seed`` (seeds ``seed .. seed + seeds - 1``): 1 to MAX_SEEDS of them,
+    the last one a seed torch accepts."""
+    check_count("seeds", seeds, 1, MAX_SEEDS)
+    if seed + seeds - 1 >= SEED_LIMIT:
+        raise ValueError(f"{_label('seed')} + {_label('seeds')} - 1 must be below 2**32 = {SEED_LIMIT}; "
+                         f"got {seed + seeds - 1}.")
+    return int(seeds)
 
 
 def check_windows(count_name: str, count, len_name: str, length, minimum_count: int = 1) -> None:
@@ -359,6 +369,7 @@ def check_grid(cfg) -> None:
     from ghosted.selection.criteria import resolve_criterion
 
     check_calibration(cfg)
+    check_draws(cfg.seed, cfg.seeds)
     check_eval_size(cfg.eval_tokens, eval_window(cfg))
     if not cfg.selections:
         raise ValueError("Give at least one selection criterion (--selections).")
@@ -486,17 +497,20 @@ def plan_grid(cfg, facts: ModelFacts) -> str:
     calib_batches = _batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)
     eval_batches = _batches(cfg.eval_tokens // cfg.eval_seq_len, cfg.batch_size)
     methods = check_methods(cfg.methods)
-    passes = calib_batches * (1 + settings) + eval_batches * len(cfg.evals) * len(methods) * settings
+    fits = settings * cfg.seeds  # every cell on every calibration draw
+    passes = calib_batches * (1 + fits) + eval_batches * len(cfg.evals) * len(methods) * fits
     lines = [_facts_line(cfg.model, facts),
              f"selections: {', '.join(f'{s} (= {resolve_criterion(s)})' for s in cfg.selections)}; "
              f"n = {', '.join(map(str, cfg.n_values))}: {settings} settings",
              _calibration_line(cfg),
+             *([f"calibration draws: {cfg.seeds} (seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}), every cell fitted "
+                "on each, the layers chosen on the first"] if cfg.seeds > 1 else []),
              *([_evaluation_line(s, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals]
                if not cfg.protocol else [_protocol_line(cfg.protocol)]),
              _tasks_line(cfg),
              f"methods: {', '.join(methods)}",
              f"estimated forward passes: at most about {passes} batches (one influence pass, one calibration "
-             "pass per distinct layer set, each model on each text; shared prefixes make it fewer)"]
+             "pass per distinct layer set and draw, each model on each text; shared prefixes make it fewer)"]
     return "\n".join(["dry run: nothing is loaded or computed", *lines])
 
 
