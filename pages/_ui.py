@@ -12,7 +12,6 @@ import gc
 import threading
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -20,15 +19,15 @@ import streamlit as st
 import torch
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.experiments.frontend import (DeployConfig, JobQueue, JobStatus, LoadedModel, ModelLoadError, Progress,
-                                         SourceUnavailableError, describe, format_layers, from_env, layer_param_count,
-                                         links, load_any, num_layers, precompute,
-                                         workbench as wb)
+from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env, links,
+                                         load_any, num_layers, precompute, workbench as wb)
 from pages import _restore
+from pages._status import USER_ERRORS, user_errors, wait_text  # noqa: F401 (re-exported: pages call them here)
+from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
+    SELECTION, check_selection, removed_share, selection, selection_text, set_selection)
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge
-SELECTION = "ghosted.selection"  # list[int]: the layers to drop
 REASON = "ghosted.selection_reason"  # str: why a preset chose the selection
 INFLUENCE = "ghosted.influence"  # InfluenceRequest: the influence report this session asked for
 RUN = "ghosted.run"  # FitRequest: the calibration and fit this session asked for
@@ -44,9 +43,6 @@ RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVALUATION, ZEROSHOT, GENERATIONS)
 MEASURED = {EVALUATION: "evaluation", ZEROSHOT: "zeroshot", GENERATIONS: "generations"}  # on a fitted run
 POLL_S = 1.0  # how often a waiting page asks the queue for news
 
-# What a user can cause (a wrong value or kind of value, a missing or unreadable file, a model or text that
-# cannot be loaded): shown with st.error and its message, never as a traceback (st.exception).
-USER_ERRORS = (ValueError, TypeError, OSError, ModelLoadError, SourceUnavailableError)
 DEFAULT_SPEC = wb.DEFAULT_MODEL
 
 
@@ -333,18 +329,6 @@ def answer(name: str, label: str):
     return None
 
 
-def wait_text(status: JobStatus) -> str:
-    """E.g. "place 3 in the queue, about 40 s" or "running: calibration 4/8, about 12 s left"."""
-    about = "" if status.wait_s is None else f", about {status.wait_s:.0f} s"
-    others = status.shared_with
-    shared = f" (shared with {others} other session{'s' if others > 1 else ''})" if others else ""
-    if status.state == "queued":
-        return f"waiting: place {status.position} in the queue{about}{shared}"
-    stage = (f": {status.stage}" + (f" {status.done}/{status.total}" if status.total else "")) if status.stage else ""
-    left = "" if status.wait_s is None else f", about {status.wait_s:.0f} s left"
-    return f"running{stage}{left}{shared}"
-
-
 @st.fragment(run_every=POLL_S)
 def job_panel(key: str, label: str) -> None:
     """What this session's job is doing, refreshed every ``POLL_S`` seconds without blocking the page;
@@ -384,48 +368,6 @@ def require_run(needed_for: str) -> wb.FittedRun:
         st.page_link("pages/recover.py", label="Calibrate & recover", icon=":material/arrow_forward:")
         st.stop()
     return stored_run
-
-
-@contextmanager
-def user_errors(prefix: str = ""):
-    """Show a user mistake (bad path, impossible choice, offline source) as an error, no traceback."""
-    try:
-        yield
-    except USER_ERRORS as err:
-        st.error(f"{prefix}{err}", icon=":material/error:")
-
-
-def selection() -> list[int]:
-    """The layers to drop, as chosen on the Influence page."""
-    return list(st.session_state.get(SELECTION, []))
-
-
-def set_selection(layers) -> None:
-    """Store the layers to drop (the one cross-page record of the selection)."""
-    st.session_state[SELECTION] = sorted({int(i) for i in layers})
-
-
-def check_selection(model, layers: list[int]) -> None:
-    """Refuse an empty selection or one that removes every layer."""
-    if not layers:
-        raise ValueError("Choose at least one layer to drop (Influence page) first.")
-    if len(set(layers)) >= num_layers(model):
-        raise ValueError(f"That drops all {num_layers(model)} layers: keep at least one.")
-
-
-def removed_share(model, layers: list[int]) -> float:
-    """Share of the model's parameters that dropping ``layers`` removes."""
-    total = sum(p.numel() for p in model.parameters())
-    return sum(layer_param_count(model, i) for i in layers) / max(total, 1)
-
-
-def selection_text(model, layers: list[int]) -> str:
-    """E.g. "20-25 (6 of 30 layers, 17.9 % of parameters)"."""
-    if not layers:
-        return "no layers selected"
-    share = removed_share(model, layers)
-    return (f"{format_layers(layers)} ({len(layers)} of {num_layers(model)} layers, "
-            f"{share:.1%} of parameters)")
 
 
 def sidebar() -> None:

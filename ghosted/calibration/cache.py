@@ -41,7 +41,7 @@ import os
 import re
 import uuid
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -52,12 +52,12 @@ from torch import nn
 from ghosted.models.assets import cache_dir, file_sha256, process_alive
 from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
 from ghosted.core.progress import Progress, for_stage
-from ghosted.calibration.stats import BoundaryStats, TokenReservoir
+from ghosted.calibration.stats import BoundaryStats
+from ghosted.calibration.stored import device_or_cpu, flatten, restore_detector, sink_state, unflatten
 from ghosted.calibration.identity import describe_identity, model_identity  # noqa: F401  (model_identity: API)
 
 FORMAT = 2  # bump when the stored layout changes: older entries then simply stop matching (2: owned)
 DEFAULT_LIMIT_GB = 20.0  # total size kept on disk unless $GHOSTED_STATS_CACHE_GB says otherwise
-_SCALARS = ("start", "end", "dim", "n_tokens", "n_samples")  # BoundaryStats fields kept in the JSON
 MARKER = ".ghosted-stats-cache"  # the file that makes a folder Ghosted's statistics cache
 STAMP = "ghosted calibration statistics"  # in each entry's JSON and tensor-file metadata
 _ENTRY = re.compile(r"^(?P<digest>[0-9a-f]{32})\.(json|safetensors)$")  # an entry's files
@@ -120,79 +120,6 @@ def key_digest(key: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
-# --- (de)serialising ---------------------------------------------------------------------------------
-
-def _flatten(stats: dict[Gap, BoundaryStats]) -> tuple[dict[str, torch.Tensor], dict]:
-    """Tensors by name ('start-end/field', '.../sink/field', '.../reservoir/m') and scalar metadata."""
-    tensors, meta = {}, {}
-    for gap, s in stats.items():
-        prefix = f"{gap.start}-{gap.end}"
-        meta[prefix] = _flatten_one(s, prefix, tensors)
-        if s.sink is not None:
-            meta[prefix]["sink"] = _flatten_one(s.sink, prefix + "/sink", tensors)
-        if s.replaceme_samples is not None:
-            r = s.replaceme_samples
-            tensors[prefix + "/reservoir/m"] = r.m.detach().cpu().contiguous()
-            tensors[prefix + "/reservoir/target"] = r.target.detach().cpu().contiguous()
-            meta[prefix]["reservoir"] = {"capacity": r.capacity, "seen": r.seen}
-        meta[prefix]["device"] = str(s.xtx.device)
-    return tensors, meta
-
-
-def _flatten_one(s: BoundaryStats, prefix: str, tensors: dict) -> dict:
-    for f in fields(s):
-        value = getattr(s, f.name)
-        if isinstance(value, torch.Tensor):
-            tensors[f"{prefix}/{f.name}"] = value.detach().cpu().contiguous()
-    return {name: getattr(s, name) for name in _SCALARS}
-
-
-def _unflatten(tensors: dict[str, torch.Tensor], meta: dict, device_of) -> dict[Gap, BoundaryStats]:
-    out = {}
-    for prefix, info in meta.items():
-        start, end = (int(x) for x in prefix.split("-"))
-        stats = _unflatten_one(tensors, prefix, info)
-        if "sink" in info:
-            stats.sink = _unflatten_one(tensors, prefix + "/sink", info["sink"])
-        if "reservoir" in info:
-            r = info["reservoir"]
-            stats.replaceme_samples = TokenReservoir(
-                capacity=r["capacity"], m=tensors[prefix + "/reservoir/m"],
-                target=tensors[prefix + "/reservoir/target"], seen=r["seen"])
-        out[Gap(start, end)] = stats.to(device_of(info.get("device", "cpu")))
-    return out
-
-
-def _unflatten_one(tensors: dict, prefix: str, info: dict) -> BoundaryStats:
-    tensor_fields = {f.name: tensors[f"{prefix}/{f.name}"] for f in fields(BoundaryStats)
-                     if f"{prefix}/{f.name}" in tensors}
-    return BoundaryStats(**{name: info[name] for name in _SCALARS}, **tensor_fields)
-
-
-def _device_or_cpu(name: str) -> torch.device:
-    """The device the statistics were on, if this machine has it; the CPU otherwise."""
-    device = torch.device(name)
-    if device.type == "cuda" and (not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count()):
-        return torch.device("cpu")
-    return device
-
-
-def _detector_state(detector) -> dict | None:
-    if detector is None:
-        return None
-    return {"norm_threshold": detector.rule.norm_threshold, "flagged": detector.flagged,
-            "tokens": detector.tokens, "position_counts": {str(k): v for k, v in detector.position_counts.items()}}
-
-
-def _restore_detector(detector, state: dict | None) -> None:
-    """Leave ``detector`` as the pass would have: the frozen norm threshold and what it flagged."""
-    if detector is None or state is None:
-        return
-    detector.rule.norm_threshold = state["norm_threshold"]
-    detector.flagged, detector.tokens = state["flagged"], state["tokens"]
-    detector.position_counts = {int(k): v for k, v in state["position_counts"].items()}
-
-
 # --- the cache ----------------------------------------------------------------------------------------
 
 @dataclass
@@ -234,12 +161,12 @@ class StatsCache:
                 raise ValueError("its tensor file was changed or truncated")
             from safetensors.torch import load_file
 
-            stats = _unflatten(load_file(str(tensors_path)), meta["stats"], _device_or_cpu)
+            stats = unflatten(load_file(str(tensors_path)), meta["stats"], device_or_cpu)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as err:
             warnings.warn(f"Ignoring the unreadable calibration statistics in {meta_path} ({err}); "
                           "computing them again.", RuntimeWarning, stacklevel=3)
             return None
-        _restore_detector(detector, meta.get("detector"))
+        restore_detector(detector, meta.get("detector"))
         os.utime(meta_path)  # recently used: the last to be evicted
         return stats
 
@@ -248,13 +175,13 @@ class StatsCache:
         self.claim()
         digest = key_digest(key)
         tensors_path, meta_path = self._paths(digest)
-        tensors, stats_meta = _flatten(stats)
+        tensors, stats_meta = flatten(stats)
         tag = f".tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         tmp_tensors = tensors_path.with_name(tensors_path.name + tag)
         tmp_meta = meta_path.with_name(meta_path.name + tag)
         try:
             save_file(tensors, str(tmp_tensors), metadata={"ghosted": STAMP, "digest": digest})
-            meta = {"ghosted": STAMP, "key": key, "stats": stats_meta, "detector": _detector_state(detector),
+            meta = {"ghosted": STAMP, "key": key, "stats": stats_meta, "detector": sink_state(detector),
                     "sha256": file_sha256(tmp_tensors), "bytes": tmp_tensors.stat().st_size,
                     "created": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
             tmp_meta.write_text(json.dumps(meta, indent=1, default=str))

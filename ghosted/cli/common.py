@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec_flags import add_spec_args
 
     g = p.add_argument_group("model")
     add_spec_args(g, ["model", "device", "dtype", "device_map"])
@@ -19,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_text_args(p: argparse.ArgumentParser, calib: bool = True, evaluation: bool = True) -> None:
     """The calibration and evaluation flags, from the experiment spec's fields."""
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec_flags import add_spec_args
 
     g = p.add_argument_group("text and protocol")
     names = ["calib", "calib_seqs", "seq_len", "heldout_seqs", "seed"] if calib else []
@@ -51,21 +51,21 @@ def progress_from_args(args):
 def facts_from_args(args):
     """The model's layer count and positions from its config alone (for ``--dry-run``: never the model's code,
     even with ``--trust-remote-code``); ``args``: the parsed flags or the experiment spec (a recipe's model)."""
-    from ghosted.experiments.validate import model_facts
+    from ghosted.experiments.facts import model_facts
 
     return model_facts(model_fields(args)["source"])
 
 
 def add_task_args(p: argparse.ArgumentParser) -> None:
     """--tasks, --task-limit, --num-fewshot: zero-shot accuracy next to perplexity."""
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec_flags import add_spec_args
 
     add_spec_args(p.add_argument_group("zero-shot tasks"), ["tasks", "task_limit", "num_fewshot"])
 
 
 def add_protocol_args(p: argparse.ArgumentParser) -> None:
     """--protocol: a named perplexity protocol (ghosted.evaluation.protocols)."""
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec_flags import add_spec_args
 
     add_spec_args(p, ["protocol"])
 
@@ -107,6 +107,6 @@ def check_output_folder(path: str, overwrite: bool = True, model: str | None = N
     """Refuse, before the model is loaded, an output folder that cannot be used: a file, an
     unwritable place, a non-empty folder unless ``overwrite``, and (with ``model``, the --model
     argument) the model's own folder or Ghosted's cache."""
-    from ghosted.operators.checkpoint import check_target_folder, protected_folders
+    from ghosted.operators.targets import check_target_folder, protected_folders
 
     return check_target_folder(path, overwrite, protected_folders(model) if model else [])

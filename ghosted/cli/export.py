@@ -14,7 +14,8 @@ from ghosted.recovery.methods import DEFAULT
 
 
 def add_parser(sub) -> None:
-    from ghosted.experiments.spec import RECOVERY_DETAILS, add_spec_args
+    from ghosted.experiments.spec import RECOVERY_DETAILS
+    from ghosted.experiments.spec_flags import add_spec_args
 
     p = sub.add_parser("export", help="prune layers, recover them with one method, save the model",
                        description="Prune layers, fit one recovery method on calibration text, and "
@@ -43,10 +44,11 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.experiments.spec import spec_from_args
+    from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.operators.checkpoint import save_recovered
     from ghosted.experiments.session import Session
-    from ghosted.experiments.validate import check_export, check_export_model, facts_of_model, plan_export
+    from ghosted.experiments.plans import plan_export
+    from ghosted.experiments.validate import check_export, check_export_model, facts_of_model
 
     spec = spec_from_args(args).with_options(methods=[args.method])  # the experiment: every check reads it
     check_output_folder(args.out, args.overwrite, spec.model.source)  # before loading: a typo costs nothing

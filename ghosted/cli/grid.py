@@ -18,7 +18,7 @@ def _list(text: str) -> list[str]:
 
 
 def add_parser(sub) -> None:
-    from ghosted.experiments.spec import add_spec_args
+    from ghosted.experiments.spec_flags import add_spec_args
     from ghosted.experiments.grid import ALIASES, grid_base
     from ghosted.recovery.methods import methods_help
 
@@ -55,11 +55,12 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.experiments.spec import spec_from_args
+    from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.experiments.grid import GridConfig, run_grid
     from ghosted.experiments.journal import GridJournal
     from ghosted.recovery.methods import REGISTRY
-    from ghosted.experiments.validate import check_grid, check_out_dir, parse_counts, plan_grid
+    from ghosted.experiments.plans import plan_grid
+    from ghosted.experiments.validate import check_grid, check_out_dir, parse_counts
     from ghosted.core.signals import describe_stop, exit_code
 
     methods = list(REGISTRY) if args.methods == "all" else _list(args.methods)

@@ -77,11 +77,12 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 def handle(args) -> int:
     from ghosted.models.architecture import num_layers
-    from ghosted.experiments.spec import spec_from_args
+    from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.selection.criteria import InfluenceConfig, influence
     from ghosted.selection.rules import selections
     from ghosted.core.ownership import claim_output_dir
-    from ghosted.experiments.validate import facts_of_model, plan_influence
+    from ghosted.experiments.facts import facts_of_model
+    from ghosted.experiments.plans import plan_influence
 
     metrics, n_values = check_args(args)  # every setting, before the model is loaded
     if args.dry_run:

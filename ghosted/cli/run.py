@@ -11,7 +11,8 @@ from ghosted.cli.common import (
 
 
 def add_parser(sub) -> None:
-    from ghosted.experiments.spec import RECOVERY_DETAILS, add_spec_args
+    from ghosted.experiments.spec import RECOVERY_DETAILS
+    from ghosted.experiments.spec_flags import add_spec_args
 
     p = sub.add_parser("run", help="prune layers, recover them with each method, report perplexity",
                        description="Prune layers, fit each recovery method on calibration text, and "
@@ -43,9 +44,11 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.experiments.spec import load_spec, spec_from_args
+    from ghosted.experiments.spec import load_spec
+    from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.experiments.run import format_table, run_experiment
-    from ghosted.experiments.validate import check_draws, check_out_file, check_run, plan_run
+    from ghosted.experiments.plans import plan_run
+    from ghosted.experiments.validate import check_draws, check_out_file, check_run
 
     try:
         base = load_spec(args.recipe) if args.recipe else None

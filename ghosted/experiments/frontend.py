@@ -13,7 +13,7 @@ from ghosted.evaluation.zeroshot import parse_tasks
 from ghosted.experiments import links, precompute, probes, workbench
 from ghosted.experiments.deploy import DeployConfig, from_env
 from ghosted.experiments.jobs import JobQueue, JobStatus
-from ghosted.experiments.spec import command
+from ghosted.experiments.spec_flags import command
 from ghosted.models.architecture import describe, hidden_size, layer_param_count, num_layers
 from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.models.loading import LoadedModel, ModelLoadError, versions

@@ -1,4 +1,5 @@
-"""Check everything a user can get wrong before any work starts, and describe the work (``--dry-run``).
+"""Check everything a user can get wrong before any work starts (``ghosted.experiments.plans`` then
+describes the work for ``--dry-run``).
 
 Two stages, so that a mistake costs seconds, not a calibration pass:
 
@@ -6,8 +7,9 @@ Two stages, so that a mistake costs seconds, not a calibration pass:
   model: counts and sizes, ``eps``, seeds, method and criterion names, the syntax of a drop spec, the
   text sources and output paths. Front ends call them before loading the model.
 - *model* checks (``check_run_model``, ...) need the layer count and the model's positions; they run
-  right after loading and always before the first forward pass. ``model_facts`` reads the same facts
-  from a model's config alone (no weights), which is what ``--dry-run`` uses for its plan.
+  right after loading and always before the first forward pass. ``model_facts``
+  (``ghosted.experiments.facts``) reads the same facts from a model's config alone (no weights), which
+  is what ``--dry-run`` uses for its plan.
 
 Every check raises ``ValueError`` (a wrong value), ``TypeError`` (a wrong kind of value, e.g. a float
 or a bool where a count or a layer index goes) or ``FileNotFoundError``, with a message that names the
@@ -19,9 +21,10 @@ from __future__ import annotations
 import math
 import numbers
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
+from ghosted.experiments.facts import (  # noqa: F401 (re-exported: the checks' callers read the facts here)
+    ModelFacts, facts_of_config, facts_of_model, model_facts)
 from ghosted.recovery.methods import BASELINE, RECOVERY, with_role
 
 SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0, 2**32)
@@ -214,87 +217,9 @@ def check_out_dir(path, flag: str = "--out-dir", overwrite: bool = False, model=
 
 def _protected(model) -> list:
     """Folders no output goes into: the caches, and the model's own folder when ``model`` names one."""
-    from ghosted.operators.checkpoint import protected_folders
+    from ghosted.operators.targets import protected_folders
 
     return protected_folders(model) if model else protected_folders()
-
-
-# ---- model facts -------------------------------------------------------------------------------
-
-
-@dataclass
-class ModelFacts:
-    """What the checks need from a model: its layer count and positions (None: not known)."""
-
-    layers: int | None
-    max_positions: int | None
-    hidden_size: int | None = None
-    note: str = ""  # why a fact is missing (e.g. a hub config offline)
-
-
-def facts_of_config(config) -> ModelFacts:
-    """Layer count, positions and width from a transformers config (the text config of a VLM)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer", None)
-    positions = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
-    width = getattr(text, "hidden_size", None) or getattr(text, "n_embd", None)
-    return ModelFacts(layers, positions, width)
-
-
-def facts_of_model(model) -> ModelFacts:
-    """Facts of a loaded model: its real layer count (a pruned model's too) and its config's positions."""
-    from ghosted.models.architecture import num_layers
-
-    facts = facts_of_config(model.config)
-    facts.layers = num_layers(model)
-    return facts
-
-
-def model_facts(source: str) -> ModelFacts:
-    """Facts from the model's config only, no weights and no code: the bundled or a .gguf model's metadata
-    (or its converted copy), a folder's config.json, or a hub config (unknown facts when it cannot be
-    read). A config that needs the model's own code is read as plain JSON: ``--dry-run`` never runs it."""
-    from transformers import AutoConfig
-
-    from ghosted.core.untrusted import check_gguf_header
-    from ghosted.models.assets import bundled_gguf_path, cache_dir, file_sha256
-    from ghosted.models.loading import source_kind
-
-    kind = source_kind(source)
-    try:
-        if kind in ("bundled", "gguf"):
-            gguf = bundled_gguf_path() if kind == "bundled" else Path(source).expanduser()
-            if gguf.is_dir():
-                gguf = sorted(gguf.glob("*.gguf"))[0]
-            converted = cache_dir() / "models" / file_sha256(gguf)[:16]
-            if (converted / "config.json").exists():
-                return facts_of_config(AutoConfig.from_pretrained(converted))
-            check_gguf_header(gguf)  # a crafted or truncated file: one clear error, nothing allocated
-            return facts_of_config(AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name))
-        return facts_of_config(AutoConfig.from_pretrained(os.path.expanduser(source), trust_remote_code=False))
-    except (OSError, ValueError, KeyError) as err:
-        if kind == "folder":
-            return _facts_of_raw_config(Path(source).expanduser(), err)
-        if kind != "hub":
-            raise ValueError(f"Could not read the model config of {source}: {err}") from err
-        return ModelFacts(None, None, note=f"config of {source} not readable here ({type(err).__name__}): "
-                                           "layers and positions are checked after loading")
-
-
-def _facts_of_raw_config(folder: Path, err: Exception) -> ModelFacts:
-    """Facts read from a folder's config.json as plain JSON (a config class shipped as code is never run)."""
-    from types import SimpleNamespace
-
-    from ghosted.core.untrusted import read_json_file
-
-    raw = read_json_file(folder / "config.json", "model config")
-    if not isinstance(raw, dict):
-        raise ValueError(f"Could not read the model config of {folder}: {err}") from err
-    raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    facts = facts_of_config(SimpleNamespace(**{k: v for k, v in raw.items() if isinstance(k, str)}))
-    if not all(v is None or is_whole_number(v) for v in (facts.layers, facts.max_positions, facts.hidden_size)):
-        raise ValueError(f"Could not read the model config of {folder}: its sizes are not whole numbers.")
-    return facts
 
 
 # ---- whole commands ----------------------------------------------------------------------------
@@ -397,7 +322,7 @@ def check_grid_model(cfg, facts: ModelFacts) -> None:
 def check_export(spec) -> None:
     """Config-only checks of ``export``'s ``ExperimentSpec`` (one method): calibration, eps, the drop spec,
     ghost-auto's held-out windows. The output folder is checked by
-    ``ghosted.operators.checkpoint.check_target_folder`` (called first by the CLI)."""
+    ``ghosted.operators.targets.check_target_folder`` (called first by the CLI)."""
     cfg = flat_settings(spec)
     check_calibration(cfg)
     check_eps(cfg.eps)
@@ -412,129 +337,6 @@ def check_export_model(spec, facts: ModelFacts) -> list[int]:
     drop = check_drop(cfg.drop, facts.layers) if facts.layers else check_drop_syntax(cfg.drop)
     check_positions(facts.max_positions, seq_len=cfg.seq_len)
     return drop
-
-
-# ---- plans (--dry-run) -------------------------------------------------------------------------
-
-
-def _batches(windows: int, batch_size: int) -> int:
-    return -(-windows // batch_size)
-
-
-def _facts_line(model: str, facts: ModelFacts) -> str:
-    if facts.layers is None:
-        return f"model: {model} ({facts.note})"
-    width = f", width {facts.hidden_size}" if facts.hidden_size else ""
-    positions = f", {facts.max_positions} positions" if facts.max_positions else ""
-    return f"model: {model} ({facts.layers} layers{width}{positions})"
-
-
-def _calibration_line(cfg) -> str:
-    total = cfg.calib_seqs + cfg.heldout_seqs
-    return (f"calibration: {cfg.calib}, {cfg.calib_seqs} x {cfg.seq_len} tokens fitted + {cfg.heldout_seqs} "
-            f"held-out windows, seed {cfg.seed}: {total} windows, {_batches(total, cfg.batch_size)} batches "
-            f"of {cfg.batch_size} per pass")
-
-
-def _evaluation_line(source: str, calib: str, tokens: int, seq_len: int) -> str:
-    from ghosted.data.windows import evaluation_part
-
-    part = evaluation_part(source, calib)
-    where = "the whole text" if part == "whole" else f"{part} part"
-    return (f"evaluation: {source} ({where}), {tokens // seq_len} windows of {seq_len} tokens "
-            f"({tokens // seq_len * seq_len} tokens)")
-
-
-def plan_run(cfg, facts: ModelFacts) -> str:
-    """What ``run`` would do, in words, with an estimate of its forward passes (``--dry-run``)."""
-    cfg = flat_settings(cfg)
-    from ghosted.selection.criteria import resolve_criterion
-    from ghosted.models.pruning import format_layers
-
-    drop = check_run_model(cfg, facts)
-    methods = check_methods(cfg.methods)
-    fitted = with_role(methods, BASELINE, RECOVERY)
-    if cfg.select:
-        layers = f"chosen by {resolve_criterion(cfg.select, iterative=True)} (n = {cfg.n}) on the calibration windows"
-    else:
-        layers = format_layers(drop) or "none"
-    calib_batches = _batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)
-    eval_batches = _batches(cfg.eval_tokens // cfg.eval_seq_len, cfg.batch_size)
-    passes = (calib_batches if fitted else 0) * (1 + bool(cfg.select)) + eval_batches * len(methods)
-    lines = [_facts_line(cfg.model, facts), f"layers to drop: {layers}",
-             _calibration_line(cfg) if fitted or cfg.select else "calibration: none (dense only)",
-             _evaluation_line(cfg.eval, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) if not cfg.protocol
-             else _protocol_line(cfg.protocol),
-             _tasks_line(cfg),
-             f"methods: {', '.join(methods)} ({cfg.ghost_mode}, granularity {cfg.granularity}, eps {cfg.eps}, "
-             f"solver {cfg.solver})",
-             f"estimated forward passes: about {passes} batches ({calib_batches} per calibration pass"
-             f"{', one more to select the layers' if cfg.select else ''}; {eval_batches} per evaluated model; "
-             "sequential mode and ghost-auto's held-out choice add a few)"]
-    return "\n".join(["dry run: nothing is loaded or computed", *lines])
-
-
-def _protocol_line(name: str) -> str:
-    from ghosted.evaluation.protocols import PROTOCOLS
-
-    return f"evaluation: the {name} protocol: {PROTOCOLS[name].note}"
-
-
-def _tasks_line(cfg) -> str:
-    if not cfg.tasks:
-        return "zero-shot tasks: none (--tasks)"
-    limit = "every example" if cfg.task_limit is None else f"{cfg.task_limit} examples each"
-    return f"zero-shot tasks: {', '.join(cfg.tasks)} ({limit}, {cfg.num_fewshot}-shot)"
-
-
-def plan_grid(cfg, facts: ModelFacts) -> str:
-    """What ``grid`` would do (``--dry-run``)."""
-    cfg = flat_settings(cfg)
-    from ghosted.selection.criteria import resolve_criterion
-
-    check_grid_model(cfg, facts)
-    settings = len(cfg.selections) * len(cfg.n_values)
-    calib_batches = _batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)
-    eval_batches = _batches(cfg.eval_tokens // cfg.eval_seq_len, cfg.batch_size)
-    methods = check_methods(cfg.methods)
-    fits = settings * cfg.seeds  # every cell on every calibration draw
-    passes = calib_batches * (1 + fits) + eval_batches * len(cfg.evals) * len(methods) * fits
-    lines = [_facts_line(cfg.model, facts),
-             f"selections: {', '.join(f'{s} (= {resolve_criterion(s)})' for s in cfg.selections)}; "
-             f"n = {', '.join(map(str, cfg.n_values))}: {settings} settings",
-             _calibration_line(cfg),
-             *([f"calibration draws: {cfg.seeds} (seeds {cfg.seed}..{cfg.seed + cfg.seeds - 1}), every cell fitted "
-                "on each, the layers chosen on the first"] if cfg.seeds > 1 else []),
-             *([_evaluation_line(s, cfg.calib, cfg.eval_tokens, cfg.eval_seq_len) for s in cfg.evals]
-               if not cfg.protocol else [_protocol_line(cfg.protocol)]),
-             _tasks_line(cfg),
-             f"methods: {', '.join(methods)}",
-             f"estimated forward passes: at most about {passes} batches (one influence pass, one calibration "
-             "pass per distinct layer set and draw, each model on each text; shared prefixes make it fewer)"]
-    return "\n".join(["dry run: nothing is loaded or computed", *lines])
-
-
-def plan_export(spec, facts: ModelFacts, out: str) -> str:
-    """What ``export`` would do with ``spec`` (one method) into folder ``out`` (``--dry-run``)."""
-    from ghosted.models.pruning import format_layers
-
-    drop = check_export_model(spec, facts)
-    cfg = flat_settings(spec)
-    lines = [_facts_line(cfg.model, facts), f"layers to drop: {format_layers(drop)}", _calibration_line(cfg),
-             f"method: {', '.join(cfg.methods)} ({cfg.ghost_mode}, granularity {cfg.granularity}, eps {cfg.eps})",
-             f"output folder: {out}",
-             f"estimated forward passes: about {_batches(cfg.calib_seqs + cfg.heldout_seqs, cfg.batch_size)} "
-             "batches (one calibration pass)"]
-    return "\n".join(["dry run: nothing is loaded, computed or written", *lines])
-
-
-def plan_influence(args, metrics: list[str], facts: ModelFacts) -> str:
-    """What ``influence`` would do (``--dry-run``)."""
-    lines = [_facts_line(args.model, facts), _calibration_line(args), f"criteria: {', '.join(metrics)}",
-             f"block sizes n: {args.n_values}; output folder: {args.out_dir}",
-             f"estimated forward passes: {_batches(args.calib_seqs, args.batch_size)} batches for the shared pass, "
-             "more for ppl_single and sleb (one pass per candidate layer) and taylor (one backward pass)"]
-    return "\n".join(["dry run: nothing is loaded or computed", *lines])
 
 
 def check_heldout(methods, heldout_seqs: int) -> None:

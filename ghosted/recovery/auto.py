@@ -26,8 +26,8 @@ from ghosted.evaluation.intervals import Interval, IntervalConfig, paired_differ
 from ghosted.evaluation.scores import WindowScores
 from ghosted.operators.assembly import GapFit, assemble
 from ghosted.recovery import methods as registry
-from ghosted.recovery.fitting import (FitContext, assembled_result, fit_ghost, fit_ghost_robust,
-                                      sequential_fits)
+from ghosted.recovery.fitting import FitContext, assembled_result, sequential_fits
+from ghosted.recovery.gap_fits import fit_ghost, fit_ghost_robust
 from ghosted.recovery.methods import MethodResult
 
 AUTO_CANDIDATES = ("paper", "robust", "none")  # ghost-auto's choices per gap; "none": no operator there

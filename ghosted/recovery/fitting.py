@@ -26,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import pandas as pd
-import torch
 from torch import nn
 
 from ghosted.recovery import diagnostics, solvers as solve
@@ -38,7 +37,9 @@ from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, g
 from ghosted.core.progress import Progress
 from ghosted.core.guards import check_eps
 from ghosted.models.pruning import build_variant, parse_layers
-from ghosted.recovery.robust import fit_robust
+from ghosted.recovery.gap_fits import (  # noqa: F401 (re-exported: callers import the per-gap fits from here)
+    fit_ghost, fit_ghost_robust, fit_linearpatch_diag, fit_linearpatch_rotate, fit_replaceme_cos, fit_replaceme_ls,
+    fit_replaceme_ls_robust)
 from ghosted.calibration.sinks import SinkDetector, SinkRule, sink_report
 from ghosted.calibration.stats import BoundaryStats
 from ghosted.calibration.cache import collect_cached, model_identity, resolve_cache
@@ -209,45 +210,6 @@ class FitContext:
         fit = pass_over(self.calib_windows, f"sequential fit of gap {gap}")
         return fit, (None if self.heldout_windows is None
                      else pass_over(self.heldout_windows, f"held-out statistics of gap {gap}"))
-
-
-# Per-gap fits: fit(stats, heldout, cfg) -> (GapFit, details for the run's choices, {} if none).
-
-def fit_ghost(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    return GapFit(stream=solve.ghost_operator(stats, eps=cfg.eps, solver=cfg.solver, rcond=cfg.rcond)), {}
-
-
-def fit_ghost_robust(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    fit = fit_robust(stats, heldout, eps=cfg.eps, sink_kind=cfg.sink_map, choose_ridge=cfg.choose_ridge,
-                     solver=cfg.solver)
-    details = {"ridge": fit.eps, "relative_ridge": fit.relative_ridge, "heldout_nonsink_error": fit.heldout_error,
-               "sink_map": fit.sink_map.kind}
-    return GapFit(stream=fit.weight, sink_map=fit.sink_map), details
-
-
-def fit_linearpatch_diag(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    return GapFit(stream=solve.linearpatch_operator(stats, rotate=False)), {}
-
-
-def fit_linearpatch_rotate(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    return GapFit(stream=solve.linearpatch_operator(stats, rotate=True)), {}
-
-
-def fit_replaceme_ls(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    return GapFit(branch=solve.replaceme_ls(stats, ridge=cfg.replaceme_ridge)), {}
-
-
-def fit_replaceme_ls_robust(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    sink_map = fit_robust(stats, None, sink_kind=cfg.sink_map, choose_ridge=False).sink_map
-    return GapFit(branch=solve.replaceme_ls(stats.without_sink(), ridge=cfg.replaceme_ridge), sink_map=sink_map), {}
-
-
-def fit_replaceme_cos(stats: BoundaryStats, heldout, cfg: RecoveryConfig) -> tuple[GapFit, dict]:
-    sample = stats.replaceme_samples
-    with torch.enable_grad():
-        return GapFit(branch=solve.replaceme_cosine(
-            sample.m, sample.target, epochs=cfg.cos_epochs, lr=cfg.cos_lr,
-            batch_tokens=cfg.cos_batch_tokens, seed=cfg.calibration.seed)), {}
 
 
 def fit_none(ctx: FitContext, name: str) -> MethodResult:

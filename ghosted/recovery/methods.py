@@ -98,12 +98,12 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            "the paper's method exactly: W = I + M, (XᵀX + εI)M = XᵀΔ, ε = 1e-6, float64, applied after the last "
            "kept layer (`--solver pinv` for the exact minimum-norm solution)",
            GHOSTED, STREAM, "per --granularity", GRAM, "no",
-           fit="ghosted.recovery.fitting:fit_ghost", sequential=True, conditioning=True),
+           fit="ghosted.recovery.gap_fits:fit_ghost", sequential=True, conditioning=True),
     Method("ghost-robust", "W on the non-sink tokens, the sink tokens mapped apart",
            "W fitted on non-sink tokens, ridge chosen on held-out calibration tokens; sink tokens (the first token "
            "of each sequence) get their own map (constant by default, affine optional)",
            GHOSTED, STREAM, "per --granularity", GRAM_SINK, "used if given",
-           fit="ghosted.recovery.fitting:fit_ghost_robust", uses_sinks=True, sequential=True, conditioning=True),
+           fit="ghosted.recovery.gap_fits:fit_ghost_robust", uses_sinks=True, sequential=True, conditioning=True),
     Method("ghost-auto", "per gap, ghost, ghost-robust or no operator, whichever predicts held-out windows better",
            "per gap, `ghost`, `ghost-robust` or no operator (plain pruning at that gap), whichever gives the lower "
            "next-token NLL on held-out calibration windows, so never worse than no recovery on those windows; "
@@ -115,12 +115,12 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
     Method("linearpatch-diag", "LinearPatch: per-channel scaling",
            "LinearPatch's per-channel ratio of mean absolute activations",
            LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel", "no",
-           fit="ghosted.recovery.fitting:fit_linearpatch_diag"),
+           fit="ghosted.recovery.gap_fits:fit_linearpatch_diag"),
     Method("linearpatch-rotate", "LinearPatch: per-channel scaling in a Hadamard basis",
            "LinearPatch's per-channel ratio of mean absolute activations in a Hadamard basis (also for widths "
            "such as 576 = 36·16)",
            LINEARPATCH, STREAM, "per --granularity", "mean |activation| per channel, rotated", "no",
-           fit="ghosted.recovery.fitting:fit_linearpatch_rotate"),
+           fit="ghosted.recovery.gap_fits:fit_linearpatch_rotate"),
     Method("ghost-lowrank", "the best rank-R correction M = U·V under the paper's objective (R = d/4)",
            "the best rank-R correction M = U·V under the paper's objective (reduced-rank regression, closed form "
            "from the same statistics), stored as two factors: 2·d·R parameters instead of d² (`--rank R`, "
@@ -135,15 +135,15 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            "ReplaceMe: least-squares map on the MLP output of layer s−1, folded into its `down_proj` (a plain "
            "checkpoint)",
            REPLACEME, BRANCH, "per block", "MLP-branch moments", "no",
-           fit="ghosted.recovery.fitting:fit_replaceme_ls"),
+           fit="ghosted.recovery.gap_fits:fit_replaceme_ls"),
     Method("replaceme-ls-robust", "replaceme-ls with the sink tokens mapped apart",
            "the same with the sink split, for a fair comparison",
            REPLACEME, BRANCH, "per block", "MLP-branch moments, sink tokens apart", "no",
-           fit="ghosted.recovery.fitting:fit_replaceme_ls_robust", uses_sinks=True),
+           fit="ghosted.recovery.gap_fits:fit_replaceme_ls_robust", uses_sinks=True),
     Method("replaceme-cos", "ReplaceMe's cosine objective (needs millions of tokens; near no recovery on few)",
            "ReplaceMe's cosine objective, Adam from the identity, on a bounded token reservoir",
            REPLACEME, BRANCH, "per block", "a reservoir of MLP outputs and targets", "no",
-           fit="ghosted.recovery.fitting:fit_replaceme_cos", reservoir=True, closed_form=False),
+           fit="ghosted.recovery.gap_fits:fit_replaceme_cos", reservoir=True, closed_form=False),
     Method("prunecomp", "Prune&Comp: a magnitude scale fused into the weights before the cut (a plain checkpoint)",
            "Prune&Comp: one magnitude scale per contiguous block, measured on the model already compensated "
            "upstream (channel mean of mean\\|stream entering e\\| / mean\\|stream entering s\\| per window) fused "

@@ -390,7 +390,8 @@ def test_a_separate_evaluation_file_is_used_whole_from_its_start(tmp_path):
 
 def test_run_reports_which_part_it_evaluated(tmp_path):
     from ghosted.experiments.spec import ExperimentSpec
-    from ghosted.experiments.validate import facts_of_config, plan_run
+    from ghosted.experiments.facts import facts_of_config
+    from ghosted.experiments.plans import plan_run
     from tests.tiny import tiny_config
 
     plan = plan_run(ExperimentSpec().with_options(drop="2", eval="bundled:news", methods=["none"], eval_seq_len=128,
