@@ -198,6 +198,20 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def session_fit(lm, drop: str, methods: list[str], fit, held=None, cache=None, **settings):
+    """``methods`` fitted with ``drop`` removed on calibration windows the bench drew (``fit``, ``held``),
+    through a ``Session`` on the default spec with ``settings`` (its flat names, e.g. ``rank=64``), the one
+    place that calls ``recover``; ``cache``: a ``StatsCache`` of the bench's own (None: no statistics
+    cache). Returns the ``RecoveryRun`` (``.results[method].model``, ``.calib_seconds``, ...)."""
+    from ghosted.experiments.session import CalibrationWindows, Session
+    from ghosted.experiments.spec import ExperimentSpec
+
+    session = Session(ExperimentSpec().with_options(cache=False, **settings), loaded=lm,
+                      windows=CalibrationWindows(fit, held))
+    session.cache = cache  # the bench's own folder, or none
+    return session.fit(drop, methods).recovery
+
+
 def load_bundled(warm_up: bool = True):
     """The bundled model (float32 on CPU), loaded once per benchmark process.
 

@@ -23,12 +23,11 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, table, write_reproduction_section
+from bench._common import ensure_path, load_bundled, session_fit, table, write_reproduction_section
 
 ensure_path()
 
 from ghosted.data.windows import TokenWindows, calibration_windows, evaluation_windows, split_calibration  # noqa: E402
-from ghosted.recovery.fitting import recover  # noqa: E402
 from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
 
 METHODS = ["ghost", "ghost-auto"]
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> dict:
     models, seconds = {}, {}
     for count in counts:
         started = time.perf_counter()
-        run = recover(lm.model, args.drop, ["none", *METHODS], first_windows(fit_all, count), held)
+        run = session_fit(lm, args.drop, ["none", *METHODS], first_windows(fit_all, count), held)
         seconds[count] = time.perf_counter() - started
         models.setdefault("none", run.results["none"].model)
         models.update({(m, count): run.results[m].model for m in METHODS})

@@ -24,13 +24,12 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, table, write_section
+from bench._common import ensure_path, load_bundled, median, ratio, round_robin, session_fit, table, write_section
 
 ensure_path()
 
 from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
-from ghosted.recovery.fitting import recover  # noqa: E402
 
 METHODS = ["none", "ghost", "ghost-robust", "replaceme-ls", "linearpatch-diag"]
 TARGET = 1.10  # the bound: the metrics cost at most 10 % over plain evaluation
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     lm = load_bundled()
     calib = calibration_windows(lm.tokenizer, "bundled:news", 8, 128, 0)  # the fit quality is irrelevant here
     held = calibration_windows(lm.tokenizer, "bundled:news", 4, 128, 1)
-    run = recover(lm.model, args.drop, METHODS, calib, held)
+    run = session_fit(lm, args.drop, METHODS, calib, held)
     models = {"dense": lm.model, **{name: r.model for name, r in run.results.items()}}
     windows = evaluation_windows(lm.tokenizer, "bundled:wiki", args.eval_tokens, args.seq_len)
     out = {}

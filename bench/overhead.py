@@ -18,14 +18,13 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, table, write_section
+from bench._common import ensure_path, load_bundled, median, ratio, round_robin, session_fit, table, write_section
 
 ensure_path()
 
 import torch  # noqa: E402
 
 from ghosted.operators.sites import operators_of  # noqa: E402
-from ghosted.recovery.fitting import recover  # noqa: E402
 from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 
 
@@ -57,7 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     lm = load_bundled()
     calib = calibration_windows(lm.tokenizer, "bundled:news", 8, 128, 0)
-    run = recover(lm.model, args.drop, ["none", "ghost"], calib)
+    run = session_fit(lm, args.drop, ["none", "ghost"], calib)
     models = {"dense": lm.model, "pruned (none)": run.results["none"].model, "ghost": run.results["ghost"].model}
     ids = evaluation_windows(lm.tokenizer, "bundled:wiki", args.batch * args.tokens, args.tokens).input_ids
     contenders = {name: forward(m, ids[: args.batch]) for name, m in models.items()}

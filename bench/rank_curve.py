@@ -24,12 +24,11 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, table, write_reproduction_section
+from bench._common import ensure_path, load_bundled, session_fit, table, write_reproduction_section
 
 ensure_path()
 
 from ghosted.data.windows import calibration_windows, evaluation_windows, split_calibration  # noqa: E402
-from ghosted.recovery.fitting import RecoveryConfig, recover  # noqa: E402
 from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
 from ghosted.calibration.cache import StatsCache  # noqa: E402
 
@@ -50,10 +49,10 @@ def fit_curve(lm, drop: str, fit, held, ranks: list[int]) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="ghosted-rank-curve-"))
     try:
         cache = StatsCache(folder)
-        base = recover(lm.model, drop, ["none", "ghost"], fit, held, cache=cache)
+        base = session_fit(lm, drop, ["none", "ghost"], fit, held, cache=cache)
         models = {"none": base.results["none"].model, "ghost": base.results["ghost"].model}
         for rank in ranks:
-            run = recover(lm.model, drop, ["ghost-lowrank"], fit, held, RecoveryConfig(rank=rank), cache=cache)
+            run = session_fit(lm, drop, ["ghost-lowrank"], fit, held, cache=cache, rank=rank)
             assert run.statistics == {"calibration": "reused", "held-out": "reused"}, run.statistics
             models[f"rank {rank}"] = run.results["ghost-lowrank"].model
     finally:

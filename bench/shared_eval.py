@@ -19,12 +19,11 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, table, write_section
+from bench._common import ensure_path, load_bundled, median, ratio, round_robin, session_fit, table, write_section
 
 ensure_path()
 
 from ghosted.models.architecture import head_of, layer_param_count, num_layers  # noqa: E402
-from ghosted.recovery.fitting import recover  # noqa: E402
 from ghosted.evaluation.shared_prefix import perplexities, shared_prefix_length  # noqa: E402
 from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
 
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     lm = load_bundled()
     calib = calibration_windows(lm.tokenizer, "bundled:news", 8, 128, 0)  # the fit quality is irrelevant here
-    run = recover(lm.model, args.drop, METHODS, calib)
+    run = session_fit(lm, args.drop, METHODS, calib)
     models = {name: r.model for name, r in run.results.items()}
     windows = evaluation_windows(lm.tokenizer, "bundled:wiki", args.eval_tokens, args.seq_len)
     out = {}

@@ -22,14 +22,13 @@ if __package__ in (None, ""):
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import ensure_path, load_bundled, median, table, write_section
+from bench._common import ensure_path, load_bundled, median, session_fit, table, write_section
 
 ensure_path()
 
 import torch  # noqa: E402
 
 from ghosted.data.windows import calibration_windows, split_calibration  # noqa: E402
-from ghosted.recovery.fitting import recover  # noqa: E402
 from ghosted.calibration.cache import StatsCache  # noqa: E402
 
 METHODS = ["none", "ghost"]
@@ -70,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
             shutil.rmtree(folder, ignore_errors=True)
             runs = {}
             for name, cache in zip(CONTENDERS, (None, TimedCache(folder, spent), StatsCache(folder))):
-                runs[name] = recover(lm.model, args.drop, METHODS, fit, held, cache=cache)
+                runs[name] = session_fit(lm, args.drop, METHODS, fit, held, cache=cache)
                 times[name].append(runs[name].calib_seconds)
             assert runs[CONTENDERS[2]].statistics == {"calibration": "reused", "held-out": "reused"}
             plain, reused = runs[CONTENDERS[0]].results["ghost"], runs[CONTENDERS[2]].results["ghost"]
