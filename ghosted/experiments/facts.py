@@ -7,9 +7,15 @@ loaded model, ``model_facts`` from a model source without loading weights or run
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def is_whole_number(value) -> bool:
+    """True for ints (numpy ints too), never for bools (True would silently mean 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass
@@ -81,8 +87,6 @@ def _facts_of_raw_config(folder: Path, err: Exception) -> ModelFacts:
     if not isinstance(raw, dict):
         raise ValueError(f"Could not read the model config of {folder}: {err}") from err
     raw = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
-    from ghosted.experiments.validate import is_whole_number
-
     facts = facts_of_config(SimpleNamespace(**{k: v for k, v in raw.items() if isinstance(k, str)}))
     if not all(v is None or is_whole_number(v) for v in (facts.layers, facts.max_positions, facts.hidden_size)):
         raise ValueError(f"Could not read the model config of {folder}: its sizes are not whole numbers.")

@@ -383,14 +383,3 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     except (TypeError, ValueError) as err:  # the same kind, naming the file
         raise type(err)(f"{file}: {err}") from None
 
-
-_FLAG_FUNCTIONS = ("add_spec_args", "spec_from_args", "command")  # in spec_flags, still importable from here
-
-
-def __getattr__(name: str):
-    """The command line's functions, moved to ``ghosted.experiments.spec_flags``, under their old address."""
-    if name in _FLAG_FUNCTIONS:
-        from ghosted.experiments import spec_flags
-
-        return getattr(spec_flags, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from ghosted.experiments.facts import (  # noqa: F401 (re-exported: the checks' callers read the facts here)
-    ModelFacts, facts_of_config, facts_of_model, model_facts)
+    ModelFacts, facts_of_config, facts_of_model, is_whole_number, model_facts)
 from ghosted.recovery.methods import BASELINE, RECOVERY, with_role
 
 SEED_LIMIT = 2**32  # torch.Generator().manual_seed and numpy accept seeds in [0, 2**32)
@@ -47,11 +47,6 @@ def _label(name: str) -> str:
     """``calib_seqs (--calib-seqs)``: the setting's API name and its CLI flag."""
     flag = FLAGS.get(name)
     return f"{name} ({flag})" if flag else name
-
-
-def is_whole_number(value) -> bool:
-    """True for ints (numpy ints too), never for bools (True would silently mean 1)."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def check_count(name: str, value, minimum: int = 1, maximum: int | None = None) -> int:
