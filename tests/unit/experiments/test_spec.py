@@ -7,8 +7,8 @@ import shlex
 import pytest
 
 from ghosted.cli import build_parser, main
-from ghosted.experiments.spec import (
-    ExperimentSpec, _flat_name, _leaves, add_spec_args, command, load_spec, spec_from_args)
+from ghosted.experiments.spec import ExperimentSpec, _flat_name, _leaves, load_spec
+from ghosted.experiments.spec_flags import add_spec_args, command, spec_from_args
 
 SMALL = ["--calib-seqs", "4", "--seq-len", "64", "--heldout-seqs", "2", "--eval-tokens", "256",
          "--eval-seq-len", "128", "--drop", "20-21"]
