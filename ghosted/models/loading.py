@@ -26,6 +26,10 @@ from ghosted.models.assets import (BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_pat
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+# transformers replaces layers by kernels downloaded from the Hugging Face Hub when a model loads onto a GPU
+# (``use_kernels`` defaults to on): code from the hub that no one asked for, which fails offline and
+# changes the modules that Ghosted hooks and clones. Every load turns it off.
+NO_HUB_KERNELS = {"use_kernels": False}
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*(/[\w.\-]+)?$")
 
 
@@ -143,7 +147,8 @@ def _convert_gguf(gguf: Path, folder: Path) -> None:
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32,
+                                                     **NO_HUB_KERNELS)
     except Exception as err:
         check_gguf_file(gguf)  # a truncated or damaged file: say so, not struct.error
         raise ModelLoadError(f"Could not convert {gguf}: {err}") from err
@@ -175,7 +180,7 @@ def _from_pretrained(location: str, cfg: LoadConfig, dtype: torch.dtype, offline
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
-            location, dtype=dtype, device_map=cfg.device_map, **offload, **kwargs)
+            location, dtype=dtype, device_map=cfg.device_map, **offload, **kwargs, **NO_HUB_KERNELS)
     except (OSError, ValueError) as err:
         if offline_hint:
             raise ModelLoadError(

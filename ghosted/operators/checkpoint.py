@@ -265,11 +265,12 @@ def load_recovered(path: str | Path, device: str = "auto", dtype: str = "auto",
 def _load_without_tokenizer(folder: Path, device: str, dtype: str, device_map, **options):
     from transformers import AutoModelForCausalLM
 
-    from ghosted.models.loading import LoadedModel, resolve_device, resolve_dtype
+    from ghosted.models.loading import NO_HUB_KERNELS, LoadedModel, resolve_device, resolve_dtype
 
     where = resolve_device(device) if device_map is None else "device_map"
     torch_dtype = resolve_dtype(dtype, "cuda" if where == "device_map" and torch.cuda.is_available() else where)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, device_map=device_map, **options)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, device_map=device_map, **options,
+                                                 **NO_HUB_KERNELS)
     if device_map is None:
         model = model.to(where)
     model.eval()

@@ -91,7 +91,7 @@ def test_tiny_model_split_over_gpu_cpu_and_disk(tmp_path):
                   "model.layers.2": "cpu", "model.layers.3": "disk", "model.layers.4": 0,
                   "model.layers.5": "cpu", "model.norm": 0, "lm_head": 0}
     sharded = AutoModelForCausalLM.from_pretrained(tmp_path / "dense", device_map=device_map,
-                                                   offload_folder=str(tmp_path / "off")).eval()
+                                                   offload_folder=str(tmp_path / "off"), use_kernels=False).eval()
     ids = random_ids(8, 24, seed=1)
     calib = TokenWindows(ids, torch.ones_like(ids), {"source": "random ids"})
     ref = recover(dense.cuda(), "2-3", ["ghost"], calib)

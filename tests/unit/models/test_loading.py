@@ -8,21 +8,48 @@ from ghosted.models.loading import ModelLoadError, load_model, resolve_device, r
 from tests.tiny import tiny_model
 
 
-def test_load_local_folder(tmp_path):
+def _model_folder(folder):
+    """A tiny llama with a word-level tokenizer saved in ``folder``; returns the model."""
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     model = tiny_model("llama")
-    model.save_pretrained(tmp_path)
+    model.save_pretrained(folder)
     raw = Tokenizer(models.WordLevel({f"w{i}": i for i in range(96)} | {"[UNK]": 95}, unk_token="[UNK]"))
     raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="w2").save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="[UNK]", eos_token="w2").save_pretrained(folder)
+    return model
+
+
+def test_load_local_folder(tmp_path):
+    model = _model_folder(tmp_path)
     lm = load_model(str(tmp_path), dtype="float32")
     assert lm.kind == "folder" and lm.tokenizer.pad_token == "w2"
     ids = torch.tensor([[3, 4, 5]])
     torch.testing.assert_close(lm.model(ids).logits, model(ids).logits)
     half = load_model(str(tmp_path), dtype="bfloat16")
     assert next(half.model.parameters()).dtype == torch.bfloat16
+
+
+def test_no_load_runs_kernels_from_the_hub(tmp_path, monkeypatch):
+    """transformers would swap layers for hub kernels on a GPU (code no one asked for, offline errors):
+    every load asks it not to: a folder, and a saved model's weights with and without a device map."""
+    from transformers import AutoModelForCausalLM
+
+    from ghosted.operators.checkpoint import _load_without_tokenizer
+
+    asked, real = [], AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("use_kernels"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    _model_folder(tmp_path)
+    load_model(str(tmp_path), dtype="float32")
+    _load_without_tokenizer(tmp_path, "cpu", "float32", None)
+    _load_without_tokenizer(tmp_path, "cpu", "float32", {"": "cpu"})
+    assert asked == [False, False, False]
 
 
 def test_gguf_file_is_converted_once_and_cached(bundled):
