@@ -27,30 +27,33 @@ def _y_gram(s: BoundaryStats) -> torch.Tensor:
 
 def sink_residual_gram(sink: BoundaryStats, smap: SinkMap) -> torch.Tensor:
     """RᵀR over sink tokens for R = f(X) − Y, f a constant or x·A + b."""
-    n, c = sink.n_tokens, smap.constant  # c: (d,)
+    n, c = sink.n_tokens, smap.constant.to(sink.xtx)  # c: (d,), on the statistics' device
     xty = sink.xtx + sink.xtd  # (d, d)
     gram = _y_gram(sink) + n * torch.outer(c, c) - torch.outer(c, sink.y_sum) - torch.outer(sink.y_sum, c)
     if smap.linear is not None:
-        a = smap.linear  # (d, d)
+        a = smap.linear.to(sink.xtx)  # (d, d)
         ax = a.T @ sink.x_sum  # (d,)
         gram = gram + a.T @ sink.xtx @ a - a.T @ xty - xty.T @ a + torch.outer(ax, c) + torch.outer(c, ax)
     return gram
 
 
 def residual_gram_of(fit: GapFit | None, stats: BoundaryStats) -> torch.Tensor:
-    """RᵀR of a gap's recovery (None: plain pruning, R = −Δ)."""
+    """RᵀR of a gap's recovery (None: plain pruning, R = −Δ). The fit's maps are read on the statistics'
+    device and dtype: a map solved from the CPU token sample (ReplaceMe-cosine) meets GPU statistics."""
     if fit is None:
         return stats.dtd
     eye = torch.eye(stats.dim, dtype=stats.dtd.dtype, device=stats.dtd.device)
+    branch = None if fit.branch is None else fit.branch.to(eye)  # (d, d)
+    stream = eye if fit.stream is None else fit.stream.to(eye)  # (d, d)
     if fit.sink_map is None:
-        if fit.branch is not None:
-            return mlp_residual_gram(stats, fit.branch - eye)
-        return residual_gram(stats, fit.stream - eye)
+        if branch is not None:
+            return mlp_residual_gram(stats, branch - eye)
+        return residual_gram(stats, stream - eye)
     clean = stats.without_sink()
-    if fit.branch is not None:
-        ordinary = mlp_residual_gram(clean, fit.branch - eye)
+    if branch is not None:
+        ordinary = mlp_residual_gram(clean, branch - eye)
     else:
-        ordinary = residual_gram(clean, (fit.stream if fit.stream is not None else eye) - eye)
+        ordinary = residual_gram(clean, stream - eye)
     return ordinary + sink_residual_gram(stats.sink_only(), fit.sink_map)
 
 

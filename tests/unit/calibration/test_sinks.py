@@ -82,6 +82,21 @@ def test_sink_residual_gram_matches_direct_computation():
     torch.testing.assert_close(total, ordinary.T @ ordinary + sink_r.T @ sink_r)
 
 
+def test_residual_gram_reads_cpu_maps_on_the_statistics_device():
+    """Statistics on an accelerator and a map solved on the CPU (ReplaceMe-cosine's token sample):
+    the error is computed on the statistics' device. The meta device mixes with the CPU as CUDA does."""
+    from dataclasses import replace
+
+    x, y = synthetic(2, seed=4)
+    stats = accumulate(x, y, SinkRule(position=True))
+    with_branch = replace(stats, mtm=stats.xtx, mtd=stats.xtd, sink=None)  # stand-in branch sums: shapes count
+    eye = torch.eye(D, dtype=torch.float64)  # on the CPU
+    cases = [(GapFit(branch=eye), with_branch), (GapFit(stream=eye), stats),
+             (GapFit(stream=eye, sink_map=fit_sink_map(stats.sink_only())), stats)]
+    for fit, sums in cases:
+        assert residual_gram_of(fit, sums.to("meta")).device.type == "meta"
+
+
 def test_first_valid_with_left_padding():
     valid = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
     assert first_valid(valid).tolist() == [[False, False, True, False], [True, False, False, False]]
