@@ -51,12 +51,48 @@ def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: st
 
 def perplexity_bars(table: pd.DataFrame) -> go.Figure:
     """Perplexity of each variant on a log axis (pruning can raise it a hundredfold)."""
-    fig = go.Figure(go.Bar(x=table.variant.tolist(), y=table.perplexity.tolist(),
-                           text=[f"{v:,.2f}" for v in table.perplexity], textposition="outside",
-                           marker_color=[_color(v) for v in table.variant]))
-    fig.update_layout(title="Perplexity (lower is better)", yaxis_type="log", yaxis_title="perplexity",
-                      **LAYOUT)
+    bars = {}
+    if {"ppl_low", "ppl_high"} <= set(table):  # the 95 % interval as error bars (none where unknown)
+        bars["error_y"] = dict(type="data", symmetric=False, visible=True,
+                               array=(table.ppl_high - table.ppl).fillna(0).tolist(),
+                               arrayminus=(table.ppl - table.ppl_low).fillna(0).tolist())
+    fig = go.Figure(go.Bar(x=table.label.tolist(), y=table.ppl.tolist(),
+                           text=[f"{v:,.2f}" for v in table.ppl], textposition="outside",
+                           marker_color=[_color(v) for v in table.label], **bars))
+    fig.update_layout(title="Perplexity (lower is better; bars: 95 % interval)", yaxis_type="log",
+                      yaxis_title="perplexity", **LAYOUT)
     return fig
+
+
+def span(low, high, digits: int = 2) -> str:
+    """An interval as "[low, high]"; "" when it is not known."""
+    known = not any(v is None or pd.isna(v) for v in (low, high))
+    return f"[{low:,.{digits}f}, {high:,.{digits}f}]" if known else ""
+
+
+def difference_cell(row, base: str) -> str:
+    """The paired Δppl from ``base`` with its interval, "ns" where the interval holds zero; "" if not measured."""
+    value = row.get(f"d_{base}")
+    if value is None or pd.isna(value):
+        return ""
+    significant = row.get(f"d_{base}_significant")
+    mark = " ns" if significant is False or significant == 0 else ""  # a stored False may read back as 0
+    return f"{value:+,.2f} {span(row.get(f'd_{base}_low'), row.get(f'd_{base}_high'))}{mark}".strip()
+
+
+def interval_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The Compare page's perplexity table: perplexity with its 95 % interval, the paired differences
+    from the pruned model and from ghost ("ns": not significant), KL from dense and top-1 agreement."""
+    rows = [row for _, row in table.iterrows()]
+    out = pd.DataFrame({"label": table.label.tolist(), "ppl": table.ppl.tolist(),
+                        "95 % interval": [span(r.get("ppl_low"), r.get("ppl_high")) for r in rows],
+                        f"Δ vs {PRUNED}": [difference_cell(r, BASELINE_METHOD) for r in rows],
+                        "Δ vs ghost": [difference_cell(r, "ghost") for r in rows]})
+    if "kl" in table:
+        out["KL from dense"] = table.kl.tolist()
+        out["top-1 agreement %"] = (100 * table.top1).round(2).tolist()
+    out["nll"] = table.nll.tolist()
+    return out if (out["Δ vs ghost"] != "").any() else out.drop(columns="Δ vs ghost")
 
 
 TRAINED = TRAINED_METHODS  # fitted by gradient steps, not in closed form (the registry's closed_form)
@@ -65,14 +101,14 @@ TRAINED = TRAINED_METHODS  # fitted by gradient steps, not in closed form (the r
 def frontier_points(table: pd.DataFrame) -> pd.DataFrame:
     """Each fitted method's parameters added (over the pruned model) and perplexity, and how it was fitted.
 
-    ``table``: the Compare page's evaluation table (``variant``, ``perplexity``, ``parameters``).
+    ``table``: the Compare page's evaluation table (``method``, ``label``, ``ppl``, ``parameters``).
     """
-    base = table.set_index("variant").loc[PRUNED, "parameters"]
-    fitted = table[~table.variant.isin(["dense", PRUNED])]
-    return pd.DataFrame({"variant": fitted.variant.tolist(),
+    base = table.set_index("label").loc[PRUNED, "parameters"]
+    fitted = table[~table.label.isin(["dense", PRUNED])]
+    return pd.DataFrame({"label": fitted.label.tolist(),
                          "parameters added": [int(n - base) for n in fitted.parameters],
-                         "perplexity": fitted.perplexity.tolist(),
-                         "fit": ["trained" if v in TRAINED else "closed form" for v in fitted.variant]})
+                         "ppl": fitted.ppl.tolist(),
+                         "fit": ["trained" if m in TRAINED else "closed form" for m in fitted.method]})
 
 
 def frontier_scatter(table: pd.DataFrame) -> go.Figure:
@@ -82,11 +118,11 @@ def frontier_scatter(table: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     for fit, symbol in (("closed form", "circle"), ("trained", "diamond")):
         part = points[points.fit == fit]
-        fig.add_trace(go.Scatter(x=part["parameters added"].tolist(), y=part.perplexity.tolist(), name=fit,
-                                 mode="markers+text", text=part.variant.tolist(), textposition="top center",
-                                 marker=dict(symbol=symbol, size=11, color=[_color(v) for v in part.variant]),
+        fig.add_trace(go.Scatter(x=part["parameters added"].tolist(), y=part.ppl.tolist(), name=fit,
+                                 mode="markers+text", text=part.label.tolist(), textposition="top center",
+                                 marker=dict(symbol=symbol, size=11, color=[_color(v) for v in part.label]),
                                  hovertemplate="%{text}: %{x:,} parameters, perplexity %{y:.2f}<extra></extra>"))
-    pruned = float(table.set_index("variant").loc[PRUNED, "perplexity"])
+    pruned = float(table.set_index("label").loc[PRUNED, "ppl"])
     fig.add_hline(y=pruned, line_dash="dot", line_color=_color(PRUNED), annotation_text="pruned, no recovery")
     fig.update_layout(title="Recovery frontier: parameters added against perplexity (lower left is better)",
                       xaxis_title="parameters added to the pruned model", yaxis_title="perplexity", **LAYOUT)

@@ -2,13 +2,14 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import parse_tasks, workbench as wb
+from ghosted.experiments.frontend import IntervalConfig, parse_tasks, workbench as wb
 from pages import _assets, _charts, _fidelity, _restore, _text, _ui
 
 LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant
 DEFAULTS = wb.EvalRequest()  # the page's defaults: what the precompute script stores
 BUNDLED_TASK = "bundled-lastword"  # the offline task (ghosted.evaluation.lastword)
 DEMO_MAX_EXAMPLES = 100  # examples per task in a restricted (public demo) deployment
+INTERVALS = IntervalConfig()  # how the evaluation's intervals are drawn (named in the caption)
 
 
 def eval_form(cfg, fit: wb.FitRequest) -> None:
@@ -35,17 +36,25 @@ def checked(cfg, request):
 
 
 def show_perplexity(result: wb.Evaluation) -> None:
-    """Bar chart and table of perplexities, the protocol beside them."""
+    """Bar chart (with 95 % intervals) and table of perplexities, paired differences, fidelity to dense,
+    and the protocol beside them."""
     table, p = result.table, result.protocol
     chart, side = st.columns([3, 2])
     chart.plotly_chart(_charts.perplexity_bars(table), key="ppl_chart")
-    side.dataframe(table[["variant", "perplexity", "nll"]], hide_index=True,
-                   column_config={"perplexity": st.column_config.NumberColumn(format="%.3f"),
-                                  "nll": st.column_config.NumberColumn(format="%.4f")})
     side.markdown(f"**Protocol**  \nsource: {p.get('source')} ({p.get('part')} part)  \n"
                   f"tokens scored: {p.get('scored_tokens'):,} in {p.get('n_windows')} windows of "
                   f"{p.get('seq_len')}  \nBOS: {p.get('bos')}  \ndtype: {p.get('dtype')} · device: "
                   f"{p.get('device')}")
+    st.dataframe(_charts.interval_table(table), hide_index=True,
+                 column_config={"ppl": st.column_config.NumberColumn(format="%.3f"),
+                                "KL from dense": st.column_config.NumberColumn(format="%.4f"),
+                                "nll": st.column_config.NumberColumn(format="%.4f")})
+    st.caption(f"95 % intervals: a seeded bootstrap over the {p.get('n_windows')} evaluation windows "
+               f"({INTERVALS.resamples} resamples, seed {INTERVALS.seed}). Differences are paired: every variant "
+               "is scored on the same tokens and each resample draws the same windows for all, so Δ is "
+               "variant − pruned (or − ghost) in perplexity; **ns**: its interval holds zero, not significant. "
+               "KL from dense: mean per-token KL divergence of the next-token distribution from the dense "
+               "model's (nats); top-1 agreement: share of tokens where the most likely next token is dense's.")
 
 
 def show_frontier(result: wb.Evaluation) -> None:
@@ -187,7 +196,7 @@ def evaluation_section(stored: wb.FittedRun) -> None:
     if evaluated := _ui.answer(_ui.EVALUATION, "Scoring every variant"):
         show_perplexity(evaluated)
         st.subheader("Size and speed")
-        st.dataframe(evaluated.table[["variant", "parameters (M)", "memory (MB)", "latency (ms)", "eval s"]],
+        st.dataframe(evaluated.table[["label", "parameters (M)", "memory (MB)", "latency (ms)", "eval_seconds"]],
                      hide_index=True)
         st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
                    "on this machine now.")

@@ -48,7 +48,7 @@ def step_pruning(lm, stored: wb.FittedRun) -> None:
     if (gaps := errors.boundary.nunique()) > 1:
         st.markdown(say("pruning", "gaps", gaps=gaps))
     if stored.evaluation:
-        ppl = stored.evaluation.table.set_index("variant").perplexity
+        ppl = stored.evaluation.table.set_index("label").ppl
         st.markdown(say("pruning", "perplexity", dense=ppl["dense"], pruned=ppl["pruned"]))
     else:
         st.caption(say("pruning", "no_perplexity"))
@@ -132,8 +132,8 @@ def step_frontier(stored: wb.FittedRun) -> None:
     st.plotly_chart(_charts.frontier_scatter(table), key="learn_frontier")
     st.caption(say("frontier", "caption"))
     points = _charts.frontier_points(table)
-    pruned = float(table.set_index("variant").perplexity["pruned"])
-    closed, trained = (points[points.fit == fit].nsmallest(1, "perplexity") for fit in ("closed form", "trained"))
+    pruned = float(table.set_index("label").ppl["pruned"])
+    closed, trained = (points[points.fit == fit].nsmallest(1, "ppl") for fit in ("closed form", "trained"))
     text = [say("frontier", "closed_form", pruned=pruned, **best_of(closed))] if len(closed) else []
     text.append(say("frontier", "trained", **best_of(trained)) if len(trained) else say("frontier", "no_trained"))
     st.markdown(" ".join(text))
@@ -142,7 +142,7 @@ def step_frontier(stored: wb.FittedRun) -> None:
 def best_of(points) -> dict:
     """The numbers of a frontier point (a one-row frame of ``frontier_points``) for its sentence."""
     row = points.iloc[0]
-    return {"method": row.variant, "perplexity": float(row.perplexity), "added": int(row["parameters added"])}
+    return {"method": row.label, "perplexity": float(row.ppl), "added": int(row["parameters added"])}
 
 
 def step_sinks(stored: wb.FittedRun) -> None:
@@ -182,7 +182,7 @@ def robust_perplexities(stored: wb.FittedRun) -> None:
     """The user's perplexities of the paper's fit and the sink-aware ones, or what to fit to see them."""
     fitted = [m for m in ("ghost", "ghost-robust", "ghost-auto") if m in stored.methods]
     if stored.evaluation and len(fitted) > 1:
-        ppl = stored.evaluation.table.set_index("variant").perplexity
+        ppl = stored.evaluation.table.set_index("method").ppl
         listing = ", ".join(f"{m} **{ppl[m]:.2f}**" for m in fitted if m in ppl)
         st.markdown(say("sinks", "perplexities", listing=listing))
     elif "ghost-robust" not in fitted and "ghost-auto" not in fitted:

@@ -15,7 +15,7 @@ from ghosted.experiments.results import Evaluation, Generations, Influence, Zero
 
 BLOCK_COLUMNS = ("metric", "start", "n", "end", "value")  # InfluenceReport.blocks
 LAYER_COLUMNS = ("metric", "layer", "value")  # InfluenceReport.layers
-TABLE_COLUMNS = ("variant", "perplexity", "nll")  # Evaluation.table: the columns every reader needs
+TABLE_COLUMNS = ("method", "label", "ppl", "nll")  # Evaluation.table: the columns every reader needs
 
 
 def _mapping(data, *names: str) -> dict:
@@ -69,7 +69,7 @@ def encode_evaluation(result: Evaluation) -> dict:
 def decode_evaluation(data) -> Evaluation:
     data = _mapping(data, "table", "protocol")
     table = _frame(data["table"], TABLE_COLUMNS)
-    if not all(isinstance(v, (int, float)) for v in table.perplexity):
+    if not all(isinstance(v, (int, float)) for v in table.ppl):
         raise ValueError("a perplexity is not a number")
     return Evaluation(table, _mapping(data["protocol"]))
 

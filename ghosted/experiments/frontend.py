@@ -9,6 +9,7 @@ layers and width, a method's help, the criteria's table) and the few actions tha
 
 from ghosted.core.progress import Progress
 from ghosted.data.sources import SourceUnavailableError, TextSource
+from ghosted.evaluation.intervals import IntervalConfig
 from ghosted.evaluation.zeroshot import parse_tasks
 from ghosted.experiments import links, precompute, probes, workbench
 from ghosted.experiments.deploy import DeployConfig, from_env
@@ -25,9 +26,9 @@ from ghosted.recovery.methods import (BASELINE_METHOD, RECOVERY, TRAINED_METHODS
                                       with_role)
 from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
 
-__all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "JobQueue", "JobStatus", "LoadedModel",
-           "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
-           "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding", "format_layers",
-           "from_env", "help_text", "hidden_size", "label_of", "layer_param_count", "links", "load_any",
-           "num_layers", "parse_tasks", "precompute", "probes", "removed_shares", "save_recovered", "versions",
-           "with_role", "workbench"]
+__all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus",
+           "LoadedModel", "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY",
+           "SourceUnavailableError", "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding",
+           "format_layers", "from_env", "help_text", "hidden_size", "label_of", "layer_param_count", "links",
+           "load_any", "num_layers", "parse_tasks", "precompute", "probes", "removed_shares", "save_recovered",
+           "versions", "with_role", "workbench"]

@@ -111,18 +111,6 @@ def _has_reference(spec: ExperimentSpec) -> bool:
     return bool(with_role(spec.methods, REFERENCE))
 
 
-def fit_spec(spec: ExperimentSpec, lm: LoadedModel, layers, progress: Progress | None = None, text=None,
-             on_windows=None) -> RecoveryRun:
-    """``Session(spec, lm).fit(layers)``'s recovery, for callers that keep no session (the app's Recover
-    page): ``text`` is the calibration text when the spec's source only names it (an upload);
-    ``on_windows(fit, heldout)`` is told the windows before the forward passes start."""
-    session = Session(spec, lm, progress, calibration_text=text)
-    windows = session.calibration()
-    if on_windows is not None:
-        on_windows(windows.fit, windows.heldout)
-    return session.fit(layers).recovery
-
-
 def _run(spec: ExperimentSpec, loaded, progress, state: _RunState) -> tuple[dict, RecoveryRun | None]:
     session = state.session = Session(spec, loaded, progress)
     session.check_model()  # before any forward pass

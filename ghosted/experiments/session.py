@@ -148,18 +148,20 @@ class Session:
     """One experiment's model and windows, opened from a spec (see the module docstring).
 
     ``loaded``: a model already loaded (the app's cached one, a test's tiny one) instead of loading
-    ``spec.model``; it is only read. ``calibration_text``: the calibration text itself when
-    ``spec.calibration.source`` only names it (an uploaded file). ``windows``: calibration windows the
-    caller drew (``ghosted.fit``), used instead of the spec's draw.
+    ``spec.model``; it is only read. ``calibration_text`` / ``evaluation_text``: the text itself (a
+    ``TextSource``) when ``spec.calibration.source`` / ``spec.evaluation.source`` only names it (an
+    uploaded file). ``windows``: calibration windows the caller drew (``ghosted.fit``), used instead
+    of the spec's draw.
     """
 
     def __init__(self, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
-                 calibration_text: str | None = None, windows: CalibrationWindows | None = None):
+                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None):
         self.spec = spec
         self.progress = progress
         self.lm = loaded if loaded is not None else load_spec_model(spec)
         self.cache = resolve_cache(spec.calibration.cache)  # this session's: ``written``, ``failure`` say what it saved
         self._calibration_text = calibration_text
+        self._evaluation_text = evaluation_text
         self._windows = windows
         self._drawn = windows is None  # the spec draws the calibration windows (so a recipe reruns them)
         self._evaluation: dict[tuple, EvaluationWindows] = {}
@@ -195,7 +197,8 @@ class Session:
         the grid's texts) ``evaluation.tokens`` of each of ``texts``, capped to whole windows."""
         key = tuple(texts or ())
         if key not in self._evaluation:
-            self._evaluation[key] = _evaluation_windows(self.spec, self.lm.tokenizer, texts, self.progress)
+            self._evaluation[key] = _evaluation_windows(self.spec, self.lm.tokenizer, texts, self.progress,
+                                                        self._calibration_text, self._evaluation_text)
         return self._evaluation[key]
 
     # ------------------------------------------------------------------------------ layers and fits
@@ -339,13 +342,20 @@ def _layer_list(layers, model: nn.Module) -> list[int]:
     return parse_layers(layers, num_layers(model))
 
 
-def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress) -> EvaluationWindows:
-    """The spec's protocol (a preset, or its text), or ``texts`` capped to whole windows (the grid)."""
+def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress, calibration_text=None,
+                        evaluation_text=None) -> EvaluationWindows:
+    """The spec's protocol (a preset, or its text), or ``texts`` capped to whole windows (the grid).
+    ``calibration_text`` / ``evaluation_text``: the texts the spec only names (uploads), read instead."""
     from ghosted.core.progress import lines
-    from ghosted.data.windows import capped_evaluation_windows
+    from ghosted.data.windows import capped_evaluation_windows, evaluation_windows
     from ghosted.evaluation.protocols import EvalProtocol, describe_protocol, protocol_windows, resolve_protocol
 
-    ev, calib = spec.evaluation, spec.calibration.source
+    ev = spec.evaluation
+    calib = calibration_text if calibration_text is not None else spec.calibration.source
+    if evaluation_text is not None and not texts and not ev.protocol:  # an uploaded evaluation text
+        windows = evaluation_windows(tokenizer, evaluation_text, ev.tokens, ev.window, calib)
+        return EvaluationWindows({ev.source: windows}, describe_protocol(resolve_protocol("", ev.source, ev.tokens,
+                                                                                          ev.window)))
     if texts and not ev.protocol:
         windows = {s: capped_evaluation_windows(tokenizer, s, ev.tokens, ev.window, calib) for s in texts}
         custom = EvalProtocol("custom", tuple(texts), ev.window, ev.tokens, "texts given with --evals")

@@ -7,7 +7,7 @@ Each heavy action of the app is a frozen request (``InfluenceRequest``, ``FitReq
     different sessions get one computation and one shared, read-only result;
   * ``request.check(cfg)`` refuses what the deployment forbids before anything is queued;
   * ``request.compute(lm, progress, ...)`` runs it (in a worker of ``ghosted.experiments.jobs``), through
-    the same library calls as the command line (the spec, ``fit_spec``, the shared-prefix perplexity).
+    the same ``Session`` as the command line (the spec, its fit, its evaluation through the shared prefix).
 
 A session keeps only its requests; the results live in the process-wide store (``shared_store``), so a
 session's memory stays small and an idle session's results can be released and found again (from the
@@ -181,22 +181,31 @@ class FitRequest(_Request):
             methods=["dense", "none", *self.methods], ghost_mode=self.mode, granularity=self.granularity,
             batch_size=self.batch, device=lm.device, dtype=lm.dtype, cache=True)  # statistics shared on disk
 
-    def compute(self, lm, progress=None) -> FittedRun:
-        from ghosted.experiments.run import fit_spec
+    def session(self, lm, progress=None):
+        """A ``Session`` on this run's spec with the loaded model (an uploaded text read as given)."""
+        from ghosted.experiments.session import Session
 
-        started, windows = time.perf_counter(), {}
-        spec = self.spec(lm)
-        run = fit_spec(spec, lm, list(self.layers), progress, text=self.text,
-                       on_windows=lambda fit, held: windows.update(fit=fit, held=held))
+        return Session(self.spec(lm), lm, progress, calibration_text=_given_text(self.text))
+
+    def compute(self, lm, progress=None) -> FittedRun:
+        started = time.perf_counter()
+        session = self.session(lm, progress)
+        windows = session.calibration()
+        run = session.fit(list(self.layers)).recovery
         if progress is not None:
             progress("spectra and errors", 0, 1)
         frames = {"errors": run.errors(), "spectra": run.spectra(), "asymmetry": run.asymmetry(),
                   "sinks": run.sinks, "token_shares": run.token_shares(), "sink_spectra": run.sink_spectra(),
                   "positions": run.position_shares(), "choices": run.choices()}
-        held = windows["held"]
-        return FittedRun(model=self.model, run=run, config=spec, layers=list(self.layers),
-                         methods=["none", *self.methods], frames=frames, protocol=windows["fit"].protocol,
+        held = windows.heldout
+        return FittedRun(model=self.model, run=run, config=session.spec, layers=list(self.layers),
+                         methods=["none", *self.methods], frames=frames, protocol=windows.fit.protocol,
                          heldout_protocol=held.protocol if held else None, seconds=time.perf_counter() - started)
+
+
+def _given_text(text) -> TextSource | None:
+    """The text itself when a request holds one (an upload); None when it names a source the spec reads."""
+    return text if isinstance(text, TextSource) else None
 
 
 def variants(lm, fitted: FittedRun) -> dict:
@@ -226,26 +235,41 @@ class EvalRequest(_Request):
     def check(self, cfg: DeployConfig) -> None:
         cfg.check_eval(self.tokens)
 
+    def session(self, lm, progress=None):
+        """The fit's session, its spec scoring ``tokens`` of ``text`` in windows of ``window``."""
+        from ghosted.experiments.session import Session
+
+        spec = self.fit.spec(lm).with_options(eval=text_name(self.text), eval_tokens=self.tokens,
+                                              eval_seq_len=self.window)
+        return Session(spec, lm, progress, calibration_text=_given_text(self.fit.text),
+                       evaluation_text=_given_text(self.text))
+
     def compute(self, lm, fitted: FittedRun, progress=None) -> Evaluation:
-        from ghosted.data.windows import evaluation_windows
+        """``Session.evaluate`` of every variant (perplexity with its interval, KL and top-1 agreement
+        with dense, paired differences), plus each variant's size, memory and latency."""
         from ghosted.evaluation.perplexity import forward_latency
-        from ghosted.evaluation.shared_prefix import perplexities
         from ghosted.models.architecture import describe
 
-        windows = evaluation_windows(lm.tokenizer, self.text, self.tokens, self.window)
-        models = variants(lm, fitted)
-        results = perplexities(models, windows, batch_size=fitted.config.calibration.batch_size, progress=progress)
-        prompt = windows.input_ids[:1, :LATENCY_TOKENS]  # (1, T)
-        rows = []
-        for i, (name, model) in enumerate(models.items()):
+        session = self.session(lm, progress)
+        table = session.evaluate(session_run(fitted))
+        models = session.models(session_run(fitted))
+        prompt = next(iter(session.evaluation().texts.values())).input_ids[:1, :LATENCY_TOKENS]  # (1, T)
+        extra = []
+        for i, model in enumerate(models.values()):
             if progress is not None:
                 progress("latency", i, len(models))
-            facts, res = describe(model), results[name]
-            rows.append({"variant": name, "perplexity": res.ppl, "nll": res.nll, "scored tokens": res.scored_tokens,
-                         "eval s": round(res.seconds, 2), "parameters (M)": round(facts["parameters"] / 1e6, 2),
-                         "parameters": facts["parameters"], "memory (MB)": facts["memory_mb"],
-                         "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
-        return Evaluation(pd.DataFrame(rows), dict(next(iter(results.values())).protocol))
+            facts = describe(model)
+            extra.append({"parameters (M)": round(facts["parameters"] / 1e6, 2), "memory (MB)": facts["memory_mb"],
+                          "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
+        frame = pd.concat([table.frame(), pd.DataFrame(extra)], axis=1)
+        return Evaluation(frame, dict(table.rows[0].protocol))
+
+
+def session_run(fitted: FittedRun):
+    """The app's fitted run as the session's ``FittedRun`` (its spec, layers and fits)."""
+    from ghosted.experiments.session import FittedRun as SessionRun
+
+    return SessionRun(fitted.config, fitted.layers, fitted.run)
 
 
 @dataclass(frozen=True)

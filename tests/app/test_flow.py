@@ -59,14 +59,35 @@ def test_perplexity_table(flow):
     open_page(flow, "compare")
     no_exception(flow)
     assert not errors(flow)
-    table = run_of(flow).evaluation.table.set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("label")
     assert list(table.index) == ["dense", "pruned", *METHODS]
-    assert (table.perplexity > 1).all()
-    assert table.perplexity["dense"] < table.perplexity["pruned"]  # four layers gone always cost something
-    assert table["scored tokens"].nunique() == 1
+    assert (table.ppl > 1).all()
+    assert table.ppl["dense"] < table.ppl["pruned"]  # four layers gone always cost something
+    assert table["tokens"].nunique() == 1
     assert table.loc["pruned", "parameters (M)"] < table.loc["dense", "parameters (M)"]
     shown = flow.dataframe[0].value
-    assert list(shown.variant) == list(table.index)
+    assert list(shown.label) == list(table.index)
+
+
+def test_perplexity_table_shows_intervals_paired_differences_and_fidelity(flow):
+    from pages import _charts
+
+    open_page(flow, "compare")
+    table = run_of(flow).evaluation.table
+    assert {"ppl_low", "ppl_high", "kl", "top1", "d_none", "d_none_significant", "d_ghost"} <= set(table)
+    assert ((table.ppl_low <= table.ppl) & (table.ppl <= table.ppl_high)).all()
+    shown = flow.dataframe[0].value
+    assert list(shown.columns) == list(_charts.interval_table(table).columns)
+    rows = table.set_index("label")
+    for _, cell in shown.iterrows():
+        row = rows.loc[cell.label]
+        assert cell["95 % interval"] == _charts.span(row.ppl_low, row.ppl_high)
+        if cell.label != "pruned":
+            assert cell["Δ vs pruned"].endswith(" ns") == (not row.d_none_significant)
+    assert shown["KL from dense"].tolist() == pytest.approx(table.kl.tolist())
+    assert shown["top-1 agreement %"].tolist() == pytest.approx((100 * table.top1).round(2).tolist())
+    caption = " ".join(c.value for c in flow.caption)
+    assert "bootstrap over the 4 evaluation windows" in caption and "paired" in caption
 
 
 def test_perplexity_figure_matches_table(flow):
@@ -74,14 +95,15 @@ def test_perplexity_figure_matches_table(flow):
     table = run_of(flow).evaluation.table
     bars = figures(flow)[0]
     assert bars["data"][0]["type"] == "bar"
-    assert bars["data"][0]["x"] == list(table.variant)
-    assert bars["data"][0]["y"] == pytest.approx(list(table.perplexity))
+    assert bars["data"][0]["x"] == list(table.label)
+    assert bars["data"][0]["y"] == pytest.approx(list(table.ppl))
     assert bars["layout"]["yaxis"]["type"] == "log"
+    assert bars["data"][0]["error_y"]["array"] == pytest.approx(list(table.ppl_high - table.ppl))
 
 
 def test_frontier_figure_matches_the_evaluated_parameters(flow):
     open_page(flow, "compare")
-    table = run_of(flow).evaluation.table.set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("label")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert (closed["name"], trained["name"]) == ("closed form", "trained")
@@ -89,8 +111,8 @@ def test_frontier_figure_matches_the_evaluated_parameters(flow):
     added = [int(table.parameters[m] - table.parameters["pruned"]) for m in METHODS]
     assert closed["x"] == added
     assert added[1] == 576 * 576  # ghost: one d x d operator for the one gap
-    assert closed["y"] == pytest.approx([table.perplexity[m] for m in METHODS])
-    assert frontier["layout"]["shapes"][0]["y0"] == pytest.approx(table.perplexity["pruned"])
+    assert closed["y"] == pytest.approx([table.ppl[m] for m in METHODS])
+    assert frontier["layout"]["shapes"][0]["y0"] == pytest.approx(table.ppl["pruned"])
 
 
 def test_spectra_and_errors_figures(flow):
@@ -155,26 +177,26 @@ def test_learn_fills_its_texts_with_the_runs_numbers(flow):
     no_exception(flow)
     shown = [e.value for kind in ("markdown", "caption", "info", "warning") for e in flow.get(kind)]
     assert not [text for text in shown if re.search(r"\{[A-Za-z_]\w*(:[^}]*)?\}", text)]
-    table = run_of(flow).evaluation.table.set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("label")
     expected = [_assets.learn("stream", "intro", width=576, layers=30),
                 _assets.learn("pruning", "missing", layers="20-23", start=20, end=24, last=23),
-                _assets.learn("pruning", "perplexity", dense=table.perplexity["dense"],
-                              pruned=table.perplexity["pruned"])]
+                _assets.learn("pruning", "perplexity", dense=table.ppl["dense"],
+                              pruned=table.ppl["pruned"])]
     assert all(text in shown for text in expected)
-    assert "**20-23**" in expected[1] and f"**{table.perplexity['dense']:.2f}** (dense)" in expected[2]
+    assert "**20-23**" in expected[1] and f"**{table.ppl['dense']:.2f}** (dense)" in expected[2]
 
 
 def test_learn_shows_the_frontier_of_the_run(flow):
     open_page(flow, "learn")
-    table = run_of(flow).evaluation.table.set_index("variant")
+    table = run_of(flow).evaluation.table.set_index("label")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert closed["text"] == METHODS and not trained.get("x")
     added = {m: int(table.parameters[m] - table.parameters["pruned"]) for m in METHODS}
     assert closed["x"] == [added[m] for m in METHODS]
-    best = min(METHODS, key=lambda m: table.perplexity[m])  # the best closed-form fit, named in the text
+    best = min(METHODS, key=lambda m: table.ppl[m])  # the best closed-form fit, named in the text
     text = " ".join(m.value for m in flow.markdown)
-    assert f"**{best}**: perplexity **{table.perplexity[best]:.2f}** for **{added[best]:,}** added" in text
+    assert f"**{best}**: perplexity **{table.ppl[best]:.2f}** for **{added[best]:,}** added" in text
     assert "None of your methods is trained" in text
     assert f"d² = **{576 * 576:,}**" in text
 

@@ -7,16 +7,17 @@ from pages import _charts
 
 
 def _table() -> pd.DataFrame:
-    return pd.DataFrame({"variant": ["dense", "pruned", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
-                         "perplexity": [20.0, 55.0, 45.0, 47.0, 50.0, 44.0],
+    return pd.DataFrame({"method": ["dense", "none", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
+                         "label": ["dense", "pruned", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
+                         "ppl": [20.0, 55.0, 45.0, 47.0, 50.0, 44.0],
                          "parameters": [1000, 700, 1100, 800, 700, 1300]})
 
 
 def test_points_are_parameters_added_over_the_pruned_model():
-    points = _charts.frontier_points(_table()).set_index("variant")
+    points = _charts.frontier_points(_table()).set_index("label")
     assert list(points.index) == ["ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"]  # dense, pruned out
     assert points["parameters added"].tolist() == [400, 100, 0, 600]
-    assert points.perplexity.tolist() == [45.0, 47.0, 50.0, 44.0]
+    assert points.ppl.tolist() == [45.0, 47.0, 50.0, 44.0]
     assert points.fit.tolist() == ["closed form", "closed form", "closed form", "trained"]
 
 

@@ -70,11 +70,11 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
         run = run_of(at)
         assert run.layers == layers and run.methods == ["none", *methods]
         assert set(run.run.results) == {"none", *methods} and run.run.dropped == layers
-        table = run_of(at).evaluation.table.set_index("variant")
+        table = run_of(at).evaluation.table.set_index("label")
         assert list(table.index) == ["dense", "pruned", *methods]
-    table_a, table_b = (run_of(at).evaluation.table.set_index("variant") for at in (a, b))
-    assert table_a.perplexity["dense"] == pytest.approx(table_b.perplexity["dense"], rel=1e-6)  # same model
-    assert table_a.perplexity["pruned"] != pytest.approx(table_b.perplexity["pruned"], rel=1e-3)
+    table_a, table_b = (run_of(at).evaluation.table.set_index("label") for at in (a, b))
+    assert table_a.ppl["dense"] == pytest.approx(table_b.ppl["dense"], rel=1e-6)  # same model
+    assert table_a.ppl["pruned"] != pytest.approx(table_b.ppl["pruned"], rel=1e-3)
     assert table_a["parameters (M)"]["pruned"] > table_b["parameters (M)"]["pruned"]  # 2 layers vs 3 gone
 
     for name, at in sessions.items():  # each Compare page shows its own run, after the other session ran
@@ -82,9 +82,9 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
         open_page(at, "compare")
         no_exception(at)
         assert any(f"Layers {', '.join(map(str, layers))} dropped" in c.value for c in at.caption)
-        shown = next(d.value for d in at.dataframe if "perplexity" in d.value.columns)
-        assert list(shown.variant) == ["dense", "pruned", *methods]
-        assert list(shown.perplexity) == pytest.approx(list(run_of(at).evaluation.table.perplexity))
+        shown = next(d.value for d in at.dataframe if "ppl" in d.value.columns)
+        assert list(shown.label) == ["dense", "pruned", *methods]
+        assert list(shown.ppl) == pytest.approx(list(run_of(at).evaluation.table.ppl))
 
     assert load_cached(**a.session_state[MODEL]).model is model  # still the same cached object
     assert fingerprint(model) == before

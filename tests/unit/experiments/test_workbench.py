@@ -61,7 +61,7 @@ def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     assert fitted.methods == ["none", "ghost"] and fitted.layers == layers and fitted.evaluation is None
     assert set(fitted.frames) >= {"errors", "spectra", "asymmetry"}
     evaluation = wb.EvalRequest(fit=fit, tokens=96, window=24).compute(lm, fitted)
-    assert list(evaluation.table.variant) == ["dense", "pruned", "ghost"]
+    assert list(evaluation.table.label) == ["dense", "pruned", "ghost"]
     assert fitted.with_results(evaluation=evaluation).evaluation is evaluation and fitted.evaluation is None
 
     store = wb.shared_store(folder=tmp_path)
@@ -74,14 +74,14 @@ def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     assert again.report.layer_values("block_influence").tolist() == pytest.approx(
         measured.report.layer_values("block_influence").tolist())
     assert wb.apply_preset(again.report, "Streamline block of n", 2)[0] == layers
-    assert fresh.get("evaluate-1").table.perplexity.tolist() == pytest.approx(evaluation.table.perplexity.tolist())
+    assert fresh.get("evaluate-1").table.ppl.tolist() == pytest.approx(evaluation.table.ppl.tolist())
     assert fresh.get(fit.key()) is None
 
 
 @pytest.mark.parametrize("kind, result", [
-    ("evaluate", {"table": [{"variant": "dense", "perplexity": "oops", "nll": 1.0}], "protocol": {}}),
-    ("evaluate", {"table": [{"variant": "dense", "nll": 1.0}], "protocol": {}}),
-    ("evaluate", {"table": [{"variant": {"nested": 1}, "perplexity": 1.0, "nll": 1.0}], "protocol": {}}),
+    ("evaluate", {"table": [{"method": "dense", "label": "dense", "ppl": "oops", "nll": 1.0}], "protocol": {}}),
+    ("evaluate", {"table": [{"method": "dense", "label": "dense", "nll": 1.0}], "protocol": {}}),
+    ("evaluate", {"table": [{"method": {"nested": 1}, "label": "x", "ppl": 1.0, "nll": 1.0}], "protocol": {}}),
     ("influence", {"model": "m", "protocol": {}, "num_layers": -3, "meta": {}, "blocks": [], "layers": []}),
     ("influence", {"model": "m", "protocol": {}, "num_layers": 4, "meta": {}, "blocks": "x", "layers": []}),
     ("generate", {"prompts": ["a", "b"], "outputs": {"dense": ["only one"]}}),
