@@ -9,7 +9,8 @@ layers each criterion chose and the wall time) and the sentences of README.md an
 quote the grid.
 
 Command: ``python -m bench.grid [--out-dir grid] [--eval-tokens 8192] [--calib-seqs 32]``
-or, after ``python -m ghosted grid --out-dir grid``: ``python -m bench.grid --from grid``.
+or, after ``python -m ghosted grid --out-dir grid`` (on any machine): ``python -m bench.grid --from grid
+[--machine "where it ran"]``.
 """
 
 from __future__ import annotations
@@ -59,9 +60,10 @@ def read_results(path: Path = RESULT_FILE) -> GridResult:
     return merge([json.loads(path.read_text(encoding="utf-8"))])
 
 
-def save_results(result: GridResult, commands: list[str], path: Path = RESULT_FILE) -> None:
-    """Save the grid as the committed results file, with when, where and how it was made."""
-    meta = {**result.meta, "generated": {"date": today(), "machine": machine(), "commands": commands}}
+def save_results(result: GridResult, commands: list[str], path: Path = RESULT_FILE, where: str | None = None) -> None:
+    """Save the grid as the committed results file, with when, where (``where``, default: this machine)
+    and how it was made."""
+    meta = {**result.meta, "generated": {"date": today(), "machine": where or machine(), "commands": commands}}
     rows = json.loads(result.frame.to_json(orient="records"))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n", encoding="utf-8")
@@ -71,7 +73,8 @@ def grid_command(config: dict) -> str:
     """``python -m ghosted grid`` with the flags that differ from the defaults in ``config``."""
     flags = {"selections": "--selections", "n_values": "--n", "evals": "--evals", "eval_tokens": "--eval-tokens",
              "calib_seqs": "--calib-seqs", "seq_len": "--seq-len", "heldout_seqs": "--heldout-seqs",
-             "eval_seq_len": "--eval-seq-len", "seed": "--seed", "calib": "--calib"}
+             "eval_seq_len": "--eval-seq-len", "seed": "--seed", "calib": "--calib", "seeds": "--seeds",
+             "device": "--device", "dtype": "--dtype"}
     default = vars(GridConfig().flat())
     parts = ["python -m ghosted grid"]
     for key, flag in flags.items():
@@ -134,6 +137,8 @@ def main(argv: list[str] | None = None) -> GridResult:
     default = vars(GridConfig().flat())
     p.add_argument("--eval-tokens", type=int, default=default["eval_tokens"])
     p.add_argument("--calib-seqs", type=int, default=default["calib_seqs"])
+    p.add_argument("--machine", default=None,
+                   help="with --from: the machine the grid ran on, in words (default: this machine)")
     args = p.parse_args(argv)
     if args.source:
         result, commands = load_result(args.source)
@@ -146,7 +151,7 @@ def main(argv: list[str] | None = None) -> GridResult:
                         (("eval_tokens", args.eval_tokens), ("calib_seqs", args.calib_seqs))
                         if v != default[k])
         commands = [f"python -m bench.grid{extra}"]
-    save_results(result, commands)
+    save_results(result, commands, where=args.machine)
     from bench.docs import write_all
 
     write_all()
