@@ -54,3 +54,25 @@ def test_too_little_heldout_text_keeps_no_operator_and_says_so():
     (row,) = run.results["ghost-auto"].choices
     assert row["chosen"] == "none" and "too little held-out text" in row["reason"]
     assert run.results["ghost-auto"].fits == {}
+
+
+def test_the_whole_set_is_put_to_the_test_each_gap_passed(monkeypatch):
+    """Many small gaps, none significant alone (every gap kept no operator), while the paper's fit at
+    every gap is significantly better on the held-out windows: the paper's fit everywhere is kept and each
+    row says why. A gain that is not significant for the whole set leaves the choices as they were."""
+    from ghosted.recovery import auto
+
+    rng = np.random.default_rng(2)
+    base = rng.normal(4.0, 0.3, 12)
+    paper_fits = {"gap": "the paper's operator"}
+    for shift, replaced in ((-0.2, True), (0.0, False)):
+        paper = scores(base + shift + rng.normal(0, 0.01 if replaced else 0.2, 12))
+        monkeypatch.setattr(auto, "_heldout", lambda ctx, fits, name, paper=paper: paper)
+        rows = [{"chosen": "none", "reason": "gap"} for _ in range(3)]
+        fits, note = auto._auto_safeguard(None, "ghost-auto", {}, rows, scores(base), "the paper's fit everywhere",
+                                          lambda: paper_fits)
+        if replaced:
+            assert fits == paper_fits and "the paper's fit everywhere" in note
+            assert all(r["chosen"] == "paper" and "replaced" in r["reason"] for r in rows)
+        else:
+            assert fits == {} and note == "" and all(r["chosen"] == "none" for r in rows)
