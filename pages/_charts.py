@@ -129,17 +129,27 @@ def frontier_scatter(table: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def accuracy_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Accuracy per variant (rows) and task (columns), in %, plus "average" over tasks when there are several.
+def accuracy_table(frame: pd.DataFrame, intervals: bool = False) -> pd.DataFrame:
+    """Accuracy per variant (rows, ``label``) and task (columns), in %, plus "average" over tasks when there
+    are several; ``intervals``: each task's 95 % interval beside it ("<task> 95 %").
 
-    ``frame`` is a ``ghosted.evaluation.zeroshot.TaskRun.frame``: model, task, metric, value, stderr (fractions).
+    ``frame`` is a ``ghosted.evaluation.zeroshot.TaskRun.frame``: model, task, metric, value, stderr, low,
+    high (fractions).
     """
     acc = frame[frame.metric == "acc"]
+    models, tasks = list(dict.fromkeys(acc.model)), list(dict.fromkeys(acc.task))
     table = acc.pivot_table(index="model", columns="task", values="value", sort=False) * 100
-    table = table.reindex(index=list(dict.fromkeys(acc.model)), columns=list(dict.fromkeys(acc.task)))
-    if table.shape[1] > 1:
-        table["average"] = table.mean(axis=1)
-    return table.round(2).rename_axis(index="variant", columns=None).reset_index()
+    table = table.reindex(index=models, columns=tasks)
+    average = table.mean(axis=1)
+    table = table.round(2)
+    if intervals and {"low", "high"} <= set(acc):
+        for task in tasks:
+            rows = acc[acc.task == task].set_index("model")
+            cells = [span(100 * rows.low.get(m), 100 * rows.high.get(m)) if m in rows.index else "" for m in models]
+            table.insert(table.columns.get_loc(task) + 1, f"{task} 95 %", cells)
+    if len(tasks) > 1:
+        table["average"] = average.round(2)
+    return table.rename_axis(index="label", columns=None).reset_index()
 
 
 def accuracy_bars(frame: pd.DataFrame) -> go.Figure:
@@ -150,15 +160,25 @@ def accuracy_bars(frame: pd.DataFrame) -> go.Figure:
     for task in tasks:
         rows = acc[acc.task == task]
         fig.add_trace(go.Bar(x=rows.model.tolist(), y=(100 * rows.value).tolist(), name=task,
-                             error_y=dict(type="data", array=(100 * rows.stderr.fillna(0)).tolist(), visible=True),
+                             error_y=_accuracy_bars(rows),
                              hovertemplate="%{x}: %{y:.1f} %<extra>" + task + "</extra>"))
     if len(tasks) > 1:
         mean = acc.groupby("model", sort=False).value.mean()
         fig.add_trace(go.Bar(x=list(mean.index), y=(100 * mean).tolist(), name="average",
                              marker_color="#444", hovertemplate="%{x}: %{y:.1f} %<extra>average</extra>"))
-    fig.update_layout(title="Zero-shot accuracy (higher is better; bars: ± 1 standard error)", barmode="group",
+    fig.update_layout(title="Zero-shot accuracy (higher is better; bars: 95 % interval)", barmode="group",
                       yaxis_title="accuracy (%)", yaxis_range=[0, 100], **LAYOUT)
     return fig
+
+
+def _accuracy_bars(rows: pd.DataFrame) -> dict:
+    """Error bars of one task's accuracies (in %): the 95 % interval; ±1.96·stderr where none is stored."""
+    if {"low", "high"} <= set(rows):
+        low, high = rows.low.fillna(rows.value - 1.96 * rows.stderr), rows.high.fillna(rows.value + 1.96 * rows.stderr)
+    else:  # a result stored before the intervals
+        low, high = rows.value - 1.96 * rows.stderr, rows.value + 1.96 * rows.stderr
+    return dict(type="data", symmetric=False, visible=True, array=(100 * (high - rows.value)).fillna(0).tolist(),
+                arrayminus=(100 * (rows.value - low)).fillna(0).tolist())
 
 
 def spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:

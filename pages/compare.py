@@ -137,7 +137,7 @@ def show_zeroshot(scored: wb.ZeroShot) -> None:
         return
     chart, side = st.columns([3, 2])
     chart.plotly_chart(_charts.accuracy_bars(frame), key="zeroshot_chart")
-    side.dataframe(_charts.accuracy_table(frame), hide_index=True)
+    side.dataframe(_charts.accuracy_table(frame, intervals=True), hide_index=True)
     side.markdown("**Protocol**  \n" + "  \n".join(
         f"{p['task']} v{p.get('version')}: {p.get('examples')} examples, {p.get('num_fewshot')}-shot, "
         f"{'/'.join(p.get('metrics') or [p.get('metric')])}, scored by {p.get('scorer')}"
@@ -145,6 +145,8 @@ def show_zeroshot(scored: wb.ZeroShot) -> None:
     if BUNDLED_TASK in scored.protocols:
         side.caption(f"{BUNDLED_TASK}: {scored.protocols[BUNDLED_TASK].get('selection')}; an answer counts "
                      "when every token of the last word is the model's top choice.")
+    side.caption("95 % intervals: a seeded bootstrap over the examples for bundled-lastword; ±1.96 standard "
+                 "errors for lm-evaluation-harness tasks (their reported stderr).")
 
 
 def zeroshot_section(stored: wb.FittedRun) -> None:

@@ -65,7 +65,7 @@ def accuracy_cost(stored: wb.FittedRun) -> None:
     if not scored or scored.frame.empty:
         st.caption(say("pruning", "no_accuracy"))
         return
-    table = _charts.accuracy_table(scored.frame).set_index("variant")
+    table = _charts.accuracy_table(scored.frame).set_index("label")
     column = "average" if "average" in table else table.columns[0]
     acc = table[column]
     if "dense" not in acc or "pruned" not in acc:

@@ -133,14 +133,14 @@ def _rows(model: str, results: dict, tasks: list[str], metric: str) -> list[dict
 # --- Tasks from the CLI and the app: bundled tasks (Ghosted's scorer) and lm-eval tasks side by side ---
 
 METRICS = ("acc", "acc_norm", "loglikelihood")  # reported where a task has them, each with its stderr
-FRAME_COLUMNS = ["model", "task", "metric", "value", "stderr"]
+FRAME_COLUMNS = ["model", "task", "metric", "value", "stderr", "low", "high"]  # low/high: the 95 % interval
 
 
 @dataclass
 class TaskRun:
     """Task scores of several models: tidy frame, one protocol per task, tasks skipped and why."""
 
-    frame: pd.DataFrame  # columns: model, task, metric ("acc", "acc_norm", "loglikelihood"), value, stderr
+    frame: pd.DataFrame  # columns: model, task, metric ("acc", "acc_norm", "loglikelihood"), value, stderr, low, high
     protocols: dict[str, dict]  # task -> task, version, examples, num_fewshot, metric(s), scorer
     skipped: dict[str, str]  # task -> why it was not scored
 
@@ -157,12 +157,19 @@ class TaskRun:
         return self.accuracy().groupby("model", sort=False)["value"].mean()
 
     def metrics_of(self, model: str) -> dict[str, dict[str, float]]:
-        """{task: {metric: value, metric_stderr: stderr}} of one model, for a JSON report entry."""
+        """{task: {metric: value, metric_stderr, metric_low, metric_high}} of one model, for a JSON report
+        entry (low/high: the 95 % interval, None where it is not known)."""
         out: dict[str, dict[str, float]] = {}
         for row in self.frame[self.frame.model == model].itertuples():
-            out.setdefault(row.task, {})[row.metric] = row.value
-            out[row.task][f"{row.metric}_stderr"] = row.stderr
+            scores = out.setdefault(row.task, {})
+            scores.update({row.metric: row.value, f"{row.metric}_stderr": row.stderr,
+                           f"{row.metric}_low": _known(getattr(row, "low", None)),
+                           f"{row.metric}_high": _known(getattr(row, "high", None))})
         return out
+
+
+def _known(value) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 
 
 def parse_tasks(text: str | list[str] | None) -> list[str]:
@@ -207,14 +214,27 @@ def _lastword_protocol(limit: int | None) -> dict:
 
 
 def _bundled_rows(models, tokenizer, limit, batch_size, progress) -> pd.DataFrame:
-    """``bundled-lastword`` through Ghosted's shared-prefix scorer, as frame rows."""
+    """``bundled-lastword`` through Ghosted's shared-prefix scorer, as frame rows; each score's 95 %
+    interval is a seeded bootstrap over the examples (``intervals.mean_interval``)."""
     from ghosted.evaluation.lastword import TASK, score_lastword
 
     scores = score_lastword(models, tokenizer, limit=limit, batch_size=batch_size, progress=progress)
-    rows = [{"model": name, "task": TASK, "metric": metric, "value": s.as_metrics()[metric],
-             "stderr": s.as_metrics()[f"{metric}_stderr"]}
-            for name, s in scores.items() for metric in ("acc", "loglikelihood")]
-    return pd.DataFrame(rows, columns=FRAME_COLUMNS)
+    return pd.DataFrame([row for name, s in scores.items() for row in lastword_rows(name, s, TASK)],
+                        columns=FRAME_COLUMNS)
+
+
+def lastword_rows(model: str, score, task: str) -> list[dict]:
+    """A ``LastWordScore``'s acc and loglikelihood rows, each with its bootstrap interval over examples."""
+    from ghosted.evaluation.intervals import mean_interval
+
+    metrics = score.as_metrics()
+    rows = []
+    for metric, values in (("acc", [float(c) for c in score.correct]), ("loglikelihood", score.logprobs)):
+        interval = mean_interval(values) if values else None
+        rows.append({"model": model, "task": task, "metric": metric, "value": metrics[metric],
+                     "stderr": metrics[f"{metric}_stderr"], "low": interval.low if interval else None,
+                     "high": interval.high if interval else None})
+    return rows
 
 
 def _harness_rows(models, tokenizer, tasks, limit, num_fewshot, batch_size, progress
@@ -233,21 +253,34 @@ def _harness_rows(models, tokenizer, tasks, limit, num_fewshot, batch_size, prog
     rows, protocols = [], {}
     for name, model in counted(list(models.items()) if ok else [], progress, f"lm-eval {', '.join(ok)}"):
         out = _simple_evaluate(lm_eval, HFLM, model, tokenizer, ok, manager, cfg)
-        rows += _harness_metrics(name, out["results"], ok)
+        rows += _harness_metrics(name, out["results"], ok, _examples(out))
         protocols = {t: _harness_protocol(t, out, num_fewshot) for t in ok}
     return pd.DataFrame(rows, columns=FRAME_COLUMNS), protocols, skipped
 
 
-def _harness_metrics(model: str, results: dict, tasks: list[str]) -> list[dict]:
-    """Rows for acc, acc_norm and loglikelihood (filter "none"), where the task reports them."""
+def _examples(out: dict) -> dict[str, int]:
+    """Task -> examples scored, from lm-eval's output (0 where it does not say)."""
+    return {task: int(n.get("effective") or 0) for task, n in out.get("n-samples", {}).items()}
+
+
+def _harness_metrics(model: str, results: dict, tasks: list[str], examples: dict[str, int] | None = None
+                     ) -> list[dict]:
+    """Rows for acc, acc_norm and loglikelihood (filter "none"), where the task reports them; the 95 %
+    interval is ±1.96·stderr where lm-eval reports a stderr (``intervals.normal_interval``)."""
+    from ghosted.evaluation.intervals import normal_interval
+
     rows = []
     for task in tasks:
         scores = results.get(task, {})
         for metric in METRICS:
             if f"{metric},none" in scores:
                 err = scores.get(f"{metric}_stderr,none")
-                rows.append({"model": model, "task": task, "metric": metric, "value": float(scores[f"{metric},none"]),
-                             "stderr": float(err) if isinstance(err, (int, float)) else math.nan})
+                value = float(scores[f"{metric},none"])
+                stderr = float(err) if isinstance(err, (int, float)) else math.nan
+                units = (examples or {}).get(task) or 2  # a stderr lm-eval reports stands for >= 2 examples
+                interval = normal_interval(value, stderr, units)
+                rows.append({"model": model, "task": task, "metric": metric, "value": value, "stderr": stderr,
+                             "low": interval.low, "high": interval.high})
     return rows
 
 
@@ -290,20 +323,20 @@ def add_task_results(report: dict, models: dict[str, nn.Module], tokenizer, task
 
 def task_columns(report: dict) -> tuple[str, list[str]]:
     """(header, one cell string per result entry): accuracy (and normalised accuracy where the task
-    has it) in % ± stderr per task, and the average accuracy over tasks."""
+    has it) in % per task with its 95 % interval (± stderr where no interval is known), and the average
+    accuracy over tasks."""
     columns = [(p["task"], m) for p in report.get("protocol", {}).get("tasks", [])
                for m in ("acc", "acc_norm") if m in (p.get("metrics") or ["acc"])]
     if not columns:
         return "", [""] * len(report["results"])
     average = any("task_average" in e for e in report["results"])
-    header = "".join(f"{(m + ' ' + t)[:22]:>24}" for t, m in columns) + (f"{'acc avg':>10}" if average else "")
+    header = "".join(f"{(m + ' ' + t)[:26]:>28}" for t, m in columns) + (f"{'acc avg':>10}" if average else "")
     cells = []
     for e in report["results"]:
         scores = e.get("tasks", {})
-        text = "".join(f"{_pct(scores.get(t, {}).get(m), scores.get(t, {}).get(m + '_stderr')):>24}"
-                       for t, m in columns)
+        text = "".join(f"{_pct(scores.get(t, {}), m):>28}" for t, m in columns)
         if average:
-            text += f"{_pct(e.get('task_average'), None):>10}"
+            text += f"{_pct({'acc': e.get('task_average')}, 'acc'):>10}"
         cells.append(text)
     return header, cells
 
@@ -311,12 +344,17 @@ def task_columns(report: dict) -> tuple[str, list[str]]:
 def task_protocol_lines(report: dict) -> list[str]:
     """One line per task scored and per task skipped, for the printed report."""
     lines = [f"zero-shot: {p['task']} v{p.get('version')}, {p.get('examples')} examples, {p.get('num_fewshot')}-shot, "
-             f"{'/'.join(p.get('metrics') or [p.get('metric')])} (% ± stderr), scored by {p.get('scorer')}"
+             f"{'/'.join(p.get('metrics') or [p.get('metric')])} (% [95 % interval]), scored by {p.get('scorer')}"
              for p in report.get("protocol", {}).get("tasks", [])]
     return lines + [f"zero-shot: skipped {t}: {why}" for t, why in report.get("tasks_skipped", {}).items()]
 
 
-def _pct(value: float | None, stderr: float | None) -> str:
+def _pct(scores: dict, metric: str) -> str:
+    """A score in %, with its interval "[low, high]" (or "± stderr" when only that is known)."""
+    value, low, high = (scores.get(metric + k) for k in ("", "_low", "_high"))
     if value is None:
         return "n/a"
+    if low is not None and high is not None:
+        return f"{100 * value:.2f} [{100 * low:.2f}, {100 * high:.2f}]"
+    stderr = scores.get(metric + "_stderr")
     return f"{100 * value:.2f}" + ("" if stderr is None or math.isnan(stderr) else f" ± {100 * stderr:.2f}")

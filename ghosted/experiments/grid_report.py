@@ -71,7 +71,7 @@ def fidelity_markdown(sub: pd.DataFrame, methods: list[str], source: str) -> lis
 
 
 def task_markdown(tasks: pd.DataFrame | None) -> str:
-    """One accuracy table per task (% ± stderr), rows = selection x n, columns = methods; and the
+    """One accuracy table per task (% with its 95 % interval), rows = selection x n, columns = methods; and the
     average over tasks when there are several (the paper's AVG). Empty without tasks."""
     if tasks is None or tasks.empty:
         return ""
@@ -86,14 +86,20 @@ def task_markdown(tasks: pd.DataFrame | None) -> str:
         parts += [f"\n**{what}** (%, higher is better)\n", "| selection | n | layers | " + " | ".join(methods) + " |",
                   "|---|---|---|" + "---|" * len(methods)]
         for (selection, n, layers), group in sub.groupby(SETTING, sort=False):
-            cells = {r.model: _acc_cell(r.value, getattr(r, "stderr", None)) for r in group.itertuples()}
+            cells = {r.model: _acc_cell(r) for r in group.itertuples()}
             parts.append(f"| {selection} | {n} | {layers} | " + " | ".join(cells.get(m, "n/a") for m in methods) + " |")
     return "\n".join(parts)
 
 
-def _acc_cell(value: float, stderr: float | None) -> str:
-    err = "" if stderr is None or math.isnan(stderr) else f" ± {100 * stderr:.1f}"
-    return f"{100 * value:.1f}{err}"
+def _acc_cell(row) -> str:
+    """An accuracy in % with its 95 % interval, or ± its stderr when no interval is known."""
+    def known(name):
+        value = getattr(row, name, None)
+        return None if value is None or math.isnan(value) else value
+    if known("low") is not None and known("high") is not None:
+        return f"{100 * row.value:.1f} [{100 * row.low:.1f}, {100 * row.high:.1f}]"
+    stderr = known("stderr")
+    return f"{100 * row.value:.1f}" + ("" if stderr is None else f" ± {100 * stderr:.1f}")
 
 
 def _cell(value: float | None, bold: bool) -> str:

@@ -286,10 +286,11 @@ class ZeroShotRequest(_Request):
             raise ValueError("Choose at least one task: tick bundled-lastword or name an lm-evaluation-harness task.")
 
     def compute(self, lm, fitted: FittedRun, progress=None) -> ZeroShot:
-        from ghosted.evaluation.zeroshot import evaluate_tasks
+        """``Session.tasks`` on every variant: accuracy with its 95 % interval per task."""
+        from ghosted.experiments.session import Session
 
-        run = evaluate_tasks(variants(lm, fitted), lm.tokenizer, list(self.tasks), limit=self.limit,
-                             batch_size=fitted.config.calibration.batch_size, progress=progress)
+        spec = fitted.config.with_options(tasks=list(self.tasks), task_limit=self.limit, num_fewshot=0)
+        run = Session(spec, lm, progress).tasks(variants(lm, fitted))
         notes = [f"zero-shot: skipping {task}: {why}" for task, why in run.skipped.items()]
         return ZeroShot(run.frame, run.protocols, run.skipped, notes)
 

@@ -58,9 +58,13 @@ def test_bar_chart_has_error_bars_and_the_table_matches(scored):
     (bars,) = chart["data"]  # one task: no average bar
     assert bars["x"] == ["dense", "pruned", *METHODS]
     assert bars["y"] == pytest.approx(list(100 * acc.value))
-    assert bars["error_y"]["array"] == pytest.approx(list(100 * acc.stderr))
+    assert bars["error_y"]["array"] == pytest.approx(list(100 * (acc.high - acc.value)))  # the 95 % interval
+    assert bars["error_y"]["arrayminus"] == pytest.approx(list(100 * (acc.value - acc.low)))
+    assert ((acc.low <= acc.value) & (acc.value <= acc.high)).all()
     table = next(d.value for d in at.dataframe if "bundled-lastword" in d.value.columns)
     assert list(table["bundled-lastword"]) == pytest.approx(list((100 * acc.value).round(2)))
+    assert list(table["bundled-lastword 95 %"]) == [f"[{100 * lo:,.2f}, {100 * hi:,.2f}]"
+                                                    for lo, hi in zip(acc.low, acc.high)]
     text = " ".join(m.value for m in at.markdown)
     assert f"bundled-lastword v1: {EXAMPLES} examples, 0-shot" in text
 
