@@ -158,6 +158,14 @@ def zeroshot_section(stored: wb.FittedRun) -> None:
         show_zeroshot(scored)
 
 
+def departure_note(name: str, departures: list | None, prompt: int) -> str:
+    """A variant's name with where its continuation of prompt ``prompt`` first departs from dense's."""
+    if departures is None:  # dense itself, or a result without departures
+        return name
+    at = departures[prompt]
+    return f"{name} · same as dense" if at is None else f"{name} · departs from dense at token {at}"
+
+
 def generations(stored: wb.FittedRun) -> None:
     """Sample continuations side by side."""
     st.subheader("Generations")
@@ -176,8 +184,11 @@ def generations(stored: wb.FittedRun) -> None:
     for i, prompt in enumerate(shown.prompts if shown else []):
         st.markdown(f"**{prompt}**")
         for col, (name, texts) in zip(st.columns(len(shown.outputs)), shown.outputs.items()):
-            col.caption(name)
+            col.caption(departure_note(name, shown.departures.get(name), i))
             col.write(texts[i] or "(nothing)")
+    if shown and shown.departures:
+        st.caption("Greedy decoding. Under each variant's name: the token (counted from 0 in dense's "
+                   "continuation) where its text first departs from the dense model's.")
 
 
 def link_section() -> None:

@@ -95,4 +95,9 @@ def decode_generations(data) -> Generations:
     for texts in outputs.values():
         if not isinstance(texts, list) or len(texts) != len(prompts) or not all(isinstance(t, str) for t in texts):
             raise ValueError("each variant needs one string per prompt")
-    return Generations(prompts, outputs)
+    departures = _mapping(data.get("departures", {}))
+    for positions in departures.values():
+        if not isinstance(positions, list) or len(positions) != len(prompts) or not all(
+                p is None or (isinstance(p, int) and not isinstance(p, bool)) for p in positions):
+            raise ValueError("each variant's departures need one whole number (or null) per prompt")
+    return Generations(prompts, outputs, departures)

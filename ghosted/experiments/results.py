@@ -6,7 +6,7 @@ plain-JSON form of those that are kept on disk.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -46,6 +46,8 @@ class Generations:
 
     prompts: list  # the prompts, in order
     outputs: dict  # variant -> one continuation per prompt
+    departures: dict = field(default_factory=dict)  # variant -> per prompt, the token where its greedy text
+    # first departs from dense's (None: not within the tokens generated); dense itself has none
 
 
 @dataclass

@@ -296,12 +296,16 @@ class Session:
                               batch_size=self.spec.calibration.batch_size, progress=self.progress)
 
     def generate(self, models: dict[str, nn.Module], prompts, **config) -> Generations:
-        """Each model's continuation of each prompt (``GenerationConfig`` fields in ``config``)."""
-        from ghosted.evaluation.generation import generate
+        """Each model's continuation of each prompt (``GenerationConfig`` fields in ``config``), and where
+        each one first departs from the reference's (when the reference is among ``models``)."""
+        from ghosted.core.progress import counted
+        from ghosted.evaluation.generation import departures, generate
 
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        return Generations(prompts, {name: generate(model, self.lm.tokenizer, prompts, **config)
-                                     for name, model in models.items()})
+        texts = {name: generate(model, self.lm.tokenizer, prompts, **config)
+                 for name, model in counted(list(models.items()), self.progress, "generating")}
+        reference = registry.label_of(registry.REFERENCE_METHOD)  # "dense": its method name and its label
+        return Generations(prompts, texts, departures(texts, self.lm.tokenizer, reference))
 
     def influence(self, **config):
         """The layer-selection criteria on the calibration windows (``InfluenceConfig`` fields in ``config``)."""
@@ -319,6 +323,8 @@ class Generations:
 
     prompts: list[str]
     texts: dict[str, list[str]]  # method -> one continuation per prompt
+    departures: dict[str, list[int | None]] = field(default_factory=dict)  # method -> per prompt, the token
+    # where its text first departs from the reference's (None: none in what was generated); {}: no reference
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([{"method": m, "label": registry.label_of(m), "prompt": p, "continuation": t}

@@ -311,16 +311,12 @@ class GenerationRequest(_Request):
         cfg.check_generation(self.new_tokens)
 
     def compute(self, lm, fitted: FittedRun, progress=None) -> Generations:
-        from ghosted.evaluation.generation import GenerationConfig, generate
+        """``Session.generate`` on every variant (greedy), with where each departs from dense."""
+        from ghosted.experiments.session import Session
 
-        gen = GenerationConfig(max_new_tokens=self.new_tokens, chat=self.chat)
-        outputs = {}
-        models = variants(lm, fitted)
-        for i, (name, model) in enumerate(models.items()):
-            if progress is not None:
-                progress("generating", i, len(models))
-            outputs[name] = generate(model, lm.tokenizer, list(self.prompts), gen)
-        return Generations(list(self.prompts), outputs)
+        run = Session(fitted.config, lm, progress).generate(variants(lm, fitted), list(self.prompts),
+                                                            max_new_tokens=self.new_tokens, chat=self.chat)
+        return Generations(run.prompts, run.texts, run.departures)
 
 
 # --- the shared store ---------------------------------------------------------------------------------

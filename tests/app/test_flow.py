@@ -144,6 +144,11 @@ def test_generations_side_by_side(flow):
     shown = run_of(flow).generations
     assert list(shown.outputs) == ["dense", "pruned", *METHODS]
     assert all(len(texts) == 1 for texts in shown.outputs.values())
+    assert set(shown.departures) == {"pruned", *METHODS}
+    captions = [c.value for c in flow.caption]
+    for name in ("pruned", *METHODS):
+        at = shown.departures[name][0]
+        assert (f"{name} · same as dense" if at is None else f"{name} · departs from dense at token {at}") in captions
 
 
 def test_export_downloads(flow):

@@ -85,6 +85,7 @@ def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     ("influence", {"model": "m", "protocol": {}, "num_layers": -3, "meta": {}, "blocks": [], "layers": []}),
     ("influence", {"model": "m", "protocol": {}, "num_layers": 4, "meta": {}, "blocks": "x", "layers": []}),
     ("generate", {"prompts": ["a", "b"], "outputs": {"dense": ["only one"]}}),
+    ("generate", {"prompts": ["a"], "outputs": {"dense": ["x"]}, "departures": {"pruned": ["3"]}}),
 ])
 def test_a_tampered_result_file_is_refused(tmp_path, kind, result):
     key = f"{kind}-abc"
@@ -92,3 +93,22 @@ def test_a_tampered_result_file_is_refused(tmp_path, kind, result):
                                                                "result": result}))
     with pytest.warns(RuntimeWarning, match="unreadable stored result"):
         assert wb.shared_store(folder=tmp_path).get(key) is None
+
+
+def test_generations_depart_from_dense_where_their_tokens_first_differ(tmp_path, monkeypatch):
+    from ghosted.evaluation import generation
+
+    lm = tiny_loaded(layers=6)
+    fit = wb.FitRequest(model="tiny", **SMALL_FIT)
+    fitted = fit.compute(lm)
+    models = wb.variants(lm, fitted)
+    said = {id(models["dense"]): ["abcdef", "xyz"], id(models["pruned"]): ["abXdef", "xyz"],
+            id(models["ghost"]): ["abcdef", "xy"]}  # the character tokenizer: one token per character
+    monkeypatch.setattr(generation, "generate", lambda model, tokenizer, prompts, **config: said[id(model)])
+    shown = wb.GenerationRequest(fit=fit, prompts=("a", "b"), new_tokens=6).compute(lm, fitted)
+    assert list(shown.outputs) == ["dense", "pruned", "ghost"]
+    assert shown.departures == {"pruned": [2, None], "ghost": [None, 2]}  # a shorter text departs where it ends
+    store = wb.shared_store(folder=tmp_path)
+    store.put("generate-1", shown, kind="generate")
+    again = wb.shared_store(folder=tmp_path).get("generate-1")
+    assert again.departures == shown.departures and again.outputs == shown.outputs
