@@ -152,7 +152,7 @@ def interval_cells(entry: dict) -> str:
         diff = f"{entry['d_none']:+.2f} {_span(entry.get('d_none_low'), entry.get('d_none_high'), 2)}{mark}"
     kl = "" if entry.get("kl") is None else f"{entry['kl']:.4f}"
     top1 = "" if entry.get("top1") is None else f"{100 * entry['top1']:.1f}%"
-    return f"{ppl:>18}{diff:>28}{kl:>10}{top1:>8}"
+    return f" {ppl:>17} {diff:>27} {kl:>9} {top1:>7}"  # a space before each cell: wide values stay apart
 
 
 def interval_notes(report: dict) -> list[str]:
