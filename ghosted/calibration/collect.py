@@ -17,6 +17,7 @@ from torch import nn
 
 from ghosted.models.architecture import hidden_size, num_layers
 from ghosted.models.capture import tap
+from ghosted.models.pruning import format_layers
 from ghosted.core.progress import Progress, for_stage
 from ghosted.core.guards import NonFiniteError, nonfinite_cause
 from ghosted.calibration.stats import BoundaryAccumulator, BoundaryStats
@@ -37,6 +38,13 @@ class Gap:
 
     def __str__(self) -> str:
         return f"[{self.start}, {self.end})"
+
+
+def gap_text(gap) -> str:
+    """How a user reads a gap (a ``Gap`` or anything with its ``start`` and ``end``, such as
+    ``BoundaryStats``): its layers in the drop notation, ``Gap(12, 19)`` -> ``"12-18"``, ``Gap(12, 13)`` ->
+    ``"12"``, the text ``--drop`` takes, so that tables, choices and charts name a gap as the user wrote it."""
+    return format_layers(range(gap.start, gap.end))
 
 
 def gaps_of(dropped: list[int], granularity: str = "block") -> list[Gap]:

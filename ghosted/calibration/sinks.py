@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ghosted.calibration.stats import BoundaryStats
+from ghosted.calibration.collect import gap_text
 
 
 @dataclass
@@ -87,7 +88,7 @@ def sink_report(stats: dict, detector: SinkDetector | None = None) -> pd.DataFra
         y_sq = lambda t: tr(t.xtx) + 2 * tr(t.xtd) + tr(t.dtd)  # noqa: E731  tr(YᵀY), Y = X + Δ
         others = max(s.n_tokens - sink.n_tokens, 1)
         rows.append({
-            "boundary": f"{s.start}-{s.end}", "sink_tokens": sink.n_tokens, "tokens": s.n_tokens,
+            "gap": gap_text(s), "sink_tokens": sink.n_tokens, "tokens": s.n_tokens,
             "positions": _positions(detector),
             "delta_share": tr(sink.dtd) / max(tr(s.dtd), 1e-300),
             "xtx_share": tr(sink.xtx) / max(tr(s.xtx), 1e-300),

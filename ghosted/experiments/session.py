@@ -391,9 +391,9 @@ def fit_fields(name: str, recovery: RecoveryRun, errors: pd.DataFrame) -> dict:
            "calib_seconds": round(r.calib_seconds, 3), "solve_seconds": round(r.solve_seconds, 4)}
     chosen = [c for c in r.choices if "chosen" in c]
     if chosen:  # ghost-auto: which fit each gap got, and the held-out NLL of each candidate
-        out["chosen"] = ", ".join(f"{c['boundary']}: {c['chosen']}" for c in chosen)
+        out["chosen"] = ", ".join(f"{c['gap']}: {c['chosen']}" for c in chosen)
         out["auto_heldout_nll"] = "; ".join(  # a string, like "chosen", so grid frames stay flat
-            f"{c['boundary']}: " + ", ".join(f"{k[4:]} {c[k]:.4f}" for k in c if k.startswith("nll_"))
+            f"{c['gap']}: " + ", ".join(f"{k[4:]} {c[k]:.4f}" for k in c if k.startswith("nll_"))
             for c in chosen)
     label = registry.label_of(name)
     for split in ("fit", "heldout"):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 
-from ghosted.calibration.collect import Gap
+from ghosted.calibration.collect import Gap, gap_text
 from ghosted.core.progress import counted
 from ghosted.evaluation.intervals import Interval, IntervalConfig, paired_difference
 from ghosted.evaluation.scores import WindowScores
@@ -118,7 +118,7 @@ def _auto_choice(ctx: FitContext, name: str, gap: Gap, trials: dict[str, WindowS
     """One row of the run's choices: the three held-out NLLs of a gap, the intervals, what was kept."""
     pick, fields = decide(trials)
     nll = {c: _mean(trials[c]) for c in AUTO_CANDIDATES}
-    return {"method": name, "boundary": f"{gap.start}-{gap.end}", "chosen": pick,
+    return {"method": name, "gap": gap_text(gap), "chosen": pick,
             **{f"nll_{c}": nll[c] for c in AUTO_CANDIDATES}, **fields,
             "reason": f"held-out NLL {nll['paper']:.4f} (paper), {nll['robust']:.4f} (robust), "
                       f"{nll['none']:.4f} (no operator) on {ctx.heldout_windows.input_ids.numel()} "

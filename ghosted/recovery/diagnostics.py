@@ -16,6 +16,7 @@ import torch
 
 from ghosted.operators.assembly import GapFit
 from ghosted.calibration.sinks import SinkMap
+from ghosted.calibration.collect import gap_text
 from ghosted.recovery.solvers import mlp_residual_gram, residual_gram
 from ghosted.calibration.stats import BoundaryStats
 
@@ -98,19 +99,19 @@ def error_rows(method: str, gap, fit: GapFit | None, stats: BoundaryStats, split
     error = float(torch.trace(residual_gram_of(fit, stats)).clamp_min(0))
     delta = float(torch.trace(stats.dtd))
     rel = error / delta if delta > 0 else float("nan")
-    return {"boundary": f"{gap.start}-{gap.end}", "method": method, "split": split, "error": error,
+    return {"gap": gap_text(gap), "method": method, "split": split, "error": error,
             "relative_error": rel, "removed_fraction": 1.0 - rel, "tokens": stats.n_tokens, "delta_sq": delta}
 
 
 def spectrum_frame(method: str, gap, fit: GapFit | None, stats: BoundaryStats) -> pd.DataFrame:
     values = singular_values(residual_gram_of(fit, stats))
-    return pd.DataFrame({"boundary": f"{gap.start}-{gap.end}", "method": method,
+    return pd.DataFrame({"gap": gap_text(gap), "method": method,
                          "index": np.arange(len(values)), "singular_value": values})
 
 
 def asymmetry_row(method: str, gap, weight: torch.Tensor) -> dict:
     eye = torch.eye(weight.shape[0], dtype=weight.dtype, device=weight.device)
-    return {"method": method, "boundary": f"{gap.start}-{gap.end}", **antisymmetric_share(weight - eye)}
+    return {"method": method, "gap": gap_text(gap), **antisymmetric_share(weight - eye)}
 
 
 def token_share_frame(stats: BoundaryStats) -> pd.DataFrame:
@@ -119,9 +120,9 @@ def token_share_frame(stats: BoundaryStats) -> pd.DataFrame:
         return pd.DataFrame()
     total, sink = float(torch.trace(stats.dtd)), float(torch.trace(stats.sink.dtd))
     return pd.DataFrame([
-        {"boundary": f"{stats.start}-{stats.end}", "tokens": "sink", "count": stats.sink.n_tokens,
+        {"gap": gap_text(stats), "tokens": "sink", "count": stats.sink.n_tokens,
          "delta_share": sink / total, "per_token_share": sink / total / max(stats.sink.n_tokens, 1)},
-        {"boundary": f"{stats.start}-{stats.end}", "tokens": "other", "count": stats.n_tokens - stats.sink.n_tokens,
+        {"gap": gap_text(stats), "tokens": "other", "count": stats.n_tokens - stats.sink.n_tokens,
          "delta_share": 1 - sink / total,
          "per_token_share": (1 - sink / total) / max(stats.n_tokens - stats.sink.n_tokens, 1)},
     ])
@@ -133,7 +134,7 @@ def position_share_frame(stats: BoundaryStats) -> pd.DataFrame:
         return pd.DataFrame()
     dtd, count = stats.position_dtd.double().cpu(), stats.position_tokens.double().cpu()  # (T,), (T,)
     total = float(dtd.sum())
-    return pd.DataFrame({"boundary": f"{stats.start}-{stats.end}", "position": np.arange(len(dtd)),
+    return pd.DataFrame({"gap": gap_text(stats), "position": np.arange(len(dtd)),
                          "delta_share": (dtd / total).numpy() if total > 0 else np.nan,
                          "rms_delta": (dtd / count.clamp_min(1)).sqrt().numpy(), "tokens": count.numpy()})
 
@@ -143,7 +144,7 @@ def sink_spectra_frame(stats: BoundaryStats) -> pd.DataFrame:
     if stats.sink is None:
         return pd.DataFrame()
     grams = {"all tokens": stats.dtd, "without sinks": stats.dtd - stats.sink.dtd, "sinks only": stats.sink.dtd}
-    return pd.concat([pd.DataFrame({"boundary": f"{stats.start}-{stats.end}", "tokens": name,
+    return pd.concat([pd.DataFrame({"gap": gap_text(stats), "tokens": name,
                                     "index": np.arange(stats.dim), "singular_value": singular_values(gram)})
                       for name, gram in grams.items()], ignore_index=True)
 
@@ -159,11 +160,11 @@ def removed_shares(errors: pd.DataFrame) -> pd.DataFrame:
     from ghosted.recovery.methods import BASELINE_METHOD, label_of
 
     pruned = label_of(BASELINE_METHOD)  # the plainly pruned model's rows
-    delta = errors[errors.method == pruned].set_index(["boundary", "split"]).error  # ‖Δ‖² per gap
+    delta = errors[errors.method == pruned].set_index(["gap", "split"]).error  # ‖Δ‖² per gap
     frame = errors[errors.method != pruned]
     sums = frame.groupby(["method", "split"], sort=False).error.sum()
-    totals = frame.drop_duplicates(["method", "boundary", "split"]).join(
-        delta.rename("delta"), on=["boundary", "split"]).groupby(["method", "split"], sort=False).delta.sum()
+    totals = frame.drop_duplicates(["method", "gap", "split"]).join(
+        delta.rename("delta"), on=["gap", "split"]).groupby(["method", "split"], sort=False).delta.sum()
     removed = (1 - sums / totals).rename("removed").reset_index()
     table = removed.pivot(index="method", columns="split", values="removed")
     return table.reindex(list(dict.fromkeys(frame.method))).reset_index()

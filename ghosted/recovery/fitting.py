@@ -33,7 +33,7 @@ from ghosted.recovery import methods as registry
 from ghosted.recovery.methods import MethodResult
 from ghosted.models.architecture import num_layers
 from ghosted.operators.assembly import GapFit, assemble
-from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, gaps_of
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, gap_text, gaps_of
 from ghosted.core.progress import Progress
 from ghosted.core.guards import check_eps
 from ghosted.models.pruning import build_variant, parse_layers
@@ -96,7 +96,8 @@ class RecoveryRun:
     # every save writes it, so `run --recipe` reruns it (None: windows given by hand, no spec rebuilds them)
 
     def errors(self) -> pd.DataFrame:
-        """Boundary error per gap, method (its label: "pruned" = no recovery) and split (fit / heldout)."""
+        """Boundary error per gap (column ``gap``, its layers in the drop notation: ``12-18``, as every frame
+        here names it), method (its label: "pruned" = no recovery) and split (fit / heldout)."""
         rows = []
         for name, r in self.results.items():
             label = registry.label_of(name)
@@ -114,7 +115,7 @@ class RecoveryRun:
                     frames.append(diagnostics.spectrum_frame(name, g, r.fits.get(g), s))
                 frames.append(diagnostics.spectrum_frame(pruned, g, None, s))
         frame = _concat(frames)
-        return frame.drop_duplicates(["boundary", "method", "index"]).reset_index(drop=True)
+        return frame.drop_duplicates(["gap", "method", "index"]).reset_index(drop=True)
 
     def asymmetry(self) -> pd.DataFrame:
         """Antisymmetric share of M = W − I for every full-stream operator."""
@@ -306,7 +307,7 @@ def _per_gap(ctx: FitContext, entry: registry.Method, fit: Callable) -> MethodRe
     for g in gaps:
         fits[g], details = fit(ctx.stats[g], ctx.heldout[g] if ctx.heldout else None, ctx.cfg)
         if details:
-            choices.append({"method": entry.name, "boundary": f"{g.start}-{g.end}", **details})
+            choices.append({"method": entry.name, "gap": gap_text(g), **details})
     return assembled_result(ctx, entry, fits, choices, time.perf_counter() - t0, ctx.pick(ctx.stats, gaps),
                       ctx.pick(ctx.heldout, gaps), ctx.calib_seconds, statistics=ctx.shared)
 
@@ -360,7 +361,7 @@ def sequential_fits(ctx: FitContext, fit: Callable, label: str, sinks: bool) -> 
 def _sequential(ctx: FitContext, entry: registry.Method, fit: Callable) -> MethodResult:
     """Fit each gap's operator on the stream of the model already pruned and patched upstream."""
     done = sequential_fits(ctx, fit, entry.name, entry.uses_sinks)
-    choices = [{"method": entry.name, "boundary": f"{g.start}-{g.end}", **d} for g, d in done.details.items() if d]
+    choices = [{"method": entry.name, "gap": gap_text(g), **d} for g, d in done.details.items() if d]
     held = done.heldout if ctx.heldout_windows is not None else None
     return assembled_result(ctx, entry, done.fits, choices, done.solve_seconds, done.stats, held, done.calib_seconds,
                       notes=["sequential: each gap fitted on the upstream-patched model"])

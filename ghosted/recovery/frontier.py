@@ -21,6 +21,7 @@ import torch
 from ghosted.operators.assembly import GapFit
 from ghosted.recovery.lowrank import default_rank, lowrank_factors
 from ghosted.calibration.stats import BoundaryStats
+from ghosted.calibration.collect import gap_text
 
 
 def fit_lowrank(stats: BoundaryStats, heldout: BoundaryStats | None, cfg) -> tuple[GapFit, dict]:
@@ -55,7 +56,7 @@ def fit_prunecomp(ctx, name: str):
                                         first_stats=ctx.stats, progress=ctx.progress)
     eye = {g: torch.eye(s.dim, dtype=torch.float64, device=s.xtx.device) for g, s in measured.items()}
     fits = {g: GapFit(stream=scales[g] * eye[g]) for g in gaps}
-    choices = [{"method": name, "boundary": f"{g.start}-{g.end}", "scale": scales[g],
+    choices = [{"method": name, "gap": gap_text(g), "scale": scales[g],
                 "reason": "channel mean of mean|stream entering end| / mean|stream entering start| per "
                           "window, fused into the embeddings and every output projection before the cut"}
                for g in gaps]

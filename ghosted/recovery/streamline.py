@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from ghosted.models.architecture import hidden_of, layers_of, num_layers
-from ghosted.calibration.collect import Gap
+from ghosted.calibration.collect import Gap, gap_text
 from ghosted.models.capture import StopForward, input_device, tap
 from ghosted.core.progress import Progress, for_stage
 from ghosted.operators.modules import FFNOperator
@@ -77,7 +77,7 @@ class TrainReport:
     source_layer: int | None = None  # streamline-layer: the layer the copy was initialised from
 
     def row(self, method: str) -> dict:
-        return {"method": method, "boundary": f"{self.gap.start}-{self.gap.end}",
+        return {"method": method, "gap": gap_text(self.gap),
                 "initial_loss": self.initial_loss, "final_loss": self.losses[-1] if self.losses else None,
                 "epochs": len(self.losses), "heldout_relative_error": self.heldout_error,
                 "heldout_relative_error_before": self.heldout_error_initial,

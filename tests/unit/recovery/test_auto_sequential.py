@@ -56,7 +56,7 @@ def test_sequential_auto_is_never_worse_than_no_recovery_and_ghost_only_without_
 def test_sequential_auto_reports_each_choice_and_its_losses(runs):
     result = runs.seq.results["ghost-auto"]
     rows = result.choices
-    assert [r["boundary"] for r in rows] == ["1-2", "3-4", "4-5"]
+    assert [r["gap"] for r in rows] == ["1", "3", "4"]  # one gap per removed layer
     for row in rows:
         assert row["method"] == "ghost-auto" and row["chosen"] in AUTO_CANDIDATES
         losses = {c: row[f"nll_{c}"] for c in AUTO_CANDIDATES}
@@ -65,7 +65,7 @@ def test_sequential_auto_reports_each_choice_and_its_losses(runs):
         if "replaced" not in row["reason"]:  # the gap-by-gap pick: none unless a gain is significant
             assert row["chosen"] == "none" or row[f"gain_{row['chosen']}_high"] < 0
             assert losses[row["chosen"]] <= losses["none"]
-    operated = {Gap(*map(int, r["boundary"].split("-"))) for r in rows if r["chosen"] != "none"}
+    operated = {Gap(int(r["gap"]), int(r["gap"]) + 1) for r in rows if r["chosen"] != "none"}
     assert set(result.fits) == operated  # a gap where no operator won carries none
     assert any("sequential" in note for note in result.notes)
 

@@ -10,12 +10,12 @@ from ghosted.recovery.diagnostics import directions_holding, removed_shares
 
 def _errors() -> pd.DataFrame:
     """Two gaps, fit and held-out splits; "pruned" rows hold ‖Δ‖², the method rows what each leaves."""
-    rows = [("0-2", "pruned", "fit", 10.0), ("3-5", "pruned", "fit", 30.0),
-            ("0-2", "pruned", "heldout", 4.0), ("3-5", "pruned", "heldout", 6.0),
-            ("0-2", "ghost", "fit", 1.0), ("3-5", "ghost", "fit", 3.0),
-            ("0-2", "ghost", "heldout", 2.0), ("3-5", "ghost", "heldout", 3.0),
-            ("0-2", "linearpatch-diag", "fit", 5.0), ("3-5", "linearpatch-diag", "fit", 29.0)]
-    return pd.DataFrame(rows, columns=["boundary", "method", "split", "error"])
+    rows = [("0-1", "pruned", "fit", 10.0), ("3-4", "pruned", "fit", 30.0),
+            ("0-1", "pruned", "heldout", 4.0), ("3-4", "pruned", "heldout", 6.0),
+            ("0-1", "ghost", "fit", 1.0), ("3-4", "ghost", "fit", 3.0),
+            ("0-1", "ghost", "heldout", 2.0), ("3-4", "ghost", "heldout", 3.0),
+            ("0-1", "linearpatch-diag", "fit", 5.0), ("3-4", "linearpatch-diag", "fit", 29.0)]
+    return pd.DataFrame(rows, columns=["gap", "method", "split", "error"])
 
 
 def test_removed_share_is_one_minus_the_total_error_over_the_total_delta():

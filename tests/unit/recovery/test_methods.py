@@ -136,5 +136,5 @@ def test_a_new_method_is_one_entry_and_one_fit_function(monkeypatch):
     eye = torch.eye(32, dtype=torch.float64)
     half = run.results["ghost-half"]
     torch.testing.assert_close(half.operators[gap] - eye, (run.results["ghost"].operators[gap] - eye) / 2)
-    assert half.kind == "stream" and half.choices == [{"method": "ghost-half", "boundary": "2-4", "step": 0.5}]
+    assert half.kind == "stream" and half.choices == [{"method": "ghost-half", "gap": "2-3", "step": 0.5}]
     assert torch.isfinite(half.model(random_ids()).logits).all()
