@@ -181,43 +181,43 @@ def _accuracy_bars(rows: pd.DataFrame) -> dict:
                 arrayminus=(100 * (rows.value - low)).fillna(0).tolist())
 
 
-def spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
-    """Singular values of Δ (pruned) and of each method's residual at one boundary, log scale."""
+def spectra_lines(spectra: pd.DataFrame, gap: str) -> go.Figure:
+    """Singular values of Δ (pruned) and of each method's residual at one gap (its text, ``12-18``), log scale."""
     fig = go.Figure()
-    rows = spectra[spectra.boundary == boundary]
+    rows = spectra[spectra.gap == gap]
     for method, part in rows.groupby("method", sort=False):
         fig.add_trace(go.Scatter(x=part["index"].tolist(), y=part.singular_value.clip(lower=1e-12).tolist(),
                                  mode="lines", name=method_label(method), line=dict(color=_color(method))))
-    fig.update_layout(title=f"Singular values of the discrepancy at boundary {boundary}",
+    fig.update_layout(title=f"Singular values of the discrepancy across layers {gap}",
                       xaxis_title="index", yaxis_title="singular value", yaxis_type="log", yaxis_dtick=1,
                       yaxis_exponentformat="power", **LAYOUT)
     return fig
 
 
-def position_share_bars(positions: pd.DataFrame, boundary: str, first: int = 64) -> go.Figure:
+def position_share_bars(positions: pd.DataFrame, gap: str, first: int = 64) -> go.Figure:
     """Share of ‖Δ‖² at each window position (the first ``first`` positions), log scale."""
-    rows = positions[(positions.boundary == boundary) & (positions.position < first)]
-    uniform = 1.0 / max(len(positions[positions.boundary == boundary]), 1)
+    rows = positions[(positions.gap == gap) & (positions.position < first)]
+    uniform = 1.0 / max(len(positions[positions.gap == gap]), 1)
     fig = go.Figure(go.Bar(x=rows.position.tolist(), y=rows.delta_share.clip(lower=1e-9).tolist(),
                            marker_color=["#d62728" if v > 10 * uniform else "#6C4AB6" for v in rows.delta_share],
                            hovertemplate="position %{x}: %{y:.3%} of ‖Δ‖²<extra></extra>"))
     fig.add_hline(y=uniform, line_dash="dot", annotation_text="equal share", annotation_position="top right")
-    fig.update_layout(title=f"Share of ‖Δ‖² by position in the window, boundary {boundary}",
+    fig.update_layout(title=f"Share of ‖Δ‖² by position in the window, layers {gap}",
                       xaxis_title="position", yaxis_title="share of ‖Δ‖²", yaxis_type="log",
                       yaxis_exponentformat="power", **LAYOUT)
     return fig
 
 
-def sink_spectra_lines(spectra: pd.DataFrame, boundary: str) -> go.Figure:
+def sink_spectra_lines(spectra: pd.DataFrame, gap: str) -> go.Figure:
     """Singular values of Δ over all tokens, without the sink tokens, and over the sinks alone."""
     colors = {"all tokens": "#7f7f7f", "without sinks": "#6C4AB6", "sinks only": "#d62728"}
     fig = go.Figure()
-    for tokens, part in spectra[spectra.boundary == boundary].groupby("tokens", sort=False):
+    for tokens, part in spectra[spectra.gap == gap].groupby("tokens", sort=False):
         part = part[part.singular_value > 1e-7 * part.singular_value.max()]  # drop the numerical zeros
         # (the sinks' Δ has rank at most their count)
         fig.add_trace(go.Scatter(x=part["index"].tolist(), y=part.singular_value.clip(lower=1e-12).tolist(),
                                  mode="lines", name=tokens, line=dict(color=colors.get(tokens))))
-    fig.update_layout(title=f"Singular values of Δ with and without the sink, boundary {boundary}",
+    fig.update_layout(title=f"Singular values of Δ with and without the sink, layers {gap}",
                       xaxis_title="index", yaxis_title="singular value", yaxis_type="log", yaxis_dtick=1,
                       yaxis_exponentformat="power", **LAYOUT)
     return fig

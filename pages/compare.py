@@ -85,8 +85,8 @@ def show_boundary(stored: wb.FittedRun) -> None:
     right.caption("norm_ratio = ‖A‖/‖M‖ with A = (M − Mᵀ)/2; energy_ratio is its square. A diagonal or "
                   "symmetric operator has none.")
     spectra = frames["spectra"]
-    boundaries = list(dict.fromkeys(spectra.boundary))
-    chosen = st.selectbox("Boundary", boundaries) if len(boundaries) > 1 else boundaries[0]
+    gaps = list(dict.fromkeys(spectra.gap))
+    chosen = st.selectbox("Gap (removed layers)", gaps) if len(gaps) > 1 else gaps[0]
     st.plotly_chart(_charts.spectra_lines(spectra, chosen), key="spectra_chart")
 
 
@@ -95,7 +95,7 @@ def show_sinks(stored: wb.FittedRun) -> None:
     report = stored.frames.get("sinks")
     if report is None or not len(report):
         return
-    with st.expander("Attention sinks at each boundary (why ghost-robust exists)"):
+    with st.expander("Attention sinks at each gap (why ghost-robust exists)"):
         shown = report.assign(delta_share=(100 * report.delta_share).round(2),
                               xtx_share=(100 * report.xtx_share).round(2))
         st.dataframe(shown.rename(columns={"delta_share": "share of ‖Δ‖² %", "xtx_share": "share of XᵀX %"}),
@@ -105,8 +105,7 @@ def show_sinks(stored: wb.FittedRun) -> None:
                    "it). The Learn page explains what a large share does to the paper's fit.")
         positions = stored.frames.get("positions")
         if positions is not None and len(positions):
-            boundary = report.boundary.iloc[0]
-            st.plotly_chart(_charts.position_share_bars(positions, boundary), key="sink_positions")
+            st.plotly_chart(_charts.position_share_bars(positions, report.gap.iloc[0]), key="sink_positions")
 
 
 def zeroshot_form(cfg, fit: wb.FitRequest) -> None:

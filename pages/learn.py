@@ -6,8 +6,8 @@ apply and fills them with the numbers of the stored run (``pages/_assets.learn``
 
 import streamlit as st
 
-from ghosted.experiments.frontend import (directions_holding, format_layers, hidden_size, num_layers, removed_shares,
-                                         workbench as wb)
+from ghosted.experiments.frontend import (directions_holding, format_layers, hidden_size, num_layers, parse_layers,
+                                         removed_shares, workbench as wb)
 from pages import _assets, _charts, _fidelity, _ui
 
 ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"
@@ -38,14 +38,14 @@ def step_pruning(lm, stored: wb.FittedRun) -> None:
     """The discrepancy Δ a gap leaves, sized on the user's tokens and perplexities."""
     st.header("2 · What pruning breaks")
     errors, spectra = stored.frames["errors"], stored.frames["spectra"]
-    boundary = spectra.boundary.iloc[0]
-    start, end = (int(i) for i in boundary.split("-"))
+    gap = spectra.gap.iloc[0]  # the first gap, in the drop notation ("12-18")
     fit = errors[errors.split == "fit"]
     tokens = int(fit.tokens.iloc[0]) if "tokens" in fit else stored.protocol["tokens"]
-    st.markdown(say("pruning", "missing", layers=format_layers(stored.layers), start=start, end=end, last=end - 1))
+    st.markdown(say("pruning", "missing", layers=format_layers(stored.layers), gap=gap,
+                    end=parse_layers(gap)[-1] + 1))
     st.latex(r"\Delta = Y - X \qquad (%d \text{ tokens} \times %d \text{ numbers on your calibration text})"  # noqa: UP031
              % (tokens, hidden_size(lm.model)))
-    if (gaps := errors.boundary.nunique()) > 1:
+    if (gaps := errors.gap.nunique()) > 1:
         st.markdown(say("pruning", "gaps", gaps=gaps))
     if stored.evaluation:
         ppl = stored.evaluation.table.set_index("label").ppl
@@ -53,7 +53,7 @@ def step_pruning(lm, stored: wb.FittedRun) -> None:
     else:
         st.caption(say("pruning", "no_perplexity"))
     accuracy_cost(stored)
-    delta = spectra[(spectra.boundary == boundary) & (spectra.method == "pruned")].singular_value
+    delta = spectra[(spectra.gap == gap) & (spectra.method == "pruned")].singular_value
     top = directions_holding(delta, ENERGY_SHARE)
     st.markdown(say("pruning", "spread" if top > len(delta) // 10 else "concentrated", top=top,
                     directions=len(delta), share=ENERGY_SHARE))
@@ -97,7 +97,7 @@ def step_least_squares(stored: wb.FittedRun) -> None:
     else:
         st.warning(say("least_squares", "no_ghost"))
     spectra = stored.frames["spectra"]
-    st.plotly_chart(_charts.spectra_lines(spectra, spectra.boundary.iloc[0]), key="learn_spectra")
+    st.plotly_chart(_charts.spectra_lines(spectra, spectra.gap.iloc[0]), key="learn_spectra")
     st.caption(say("least_squares", "spectra"))
 
 
@@ -153,29 +153,29 @@ def step_sinks(stored: wb.FittedRun) -> None:
     if shares is None or not len(shares):
         st.caption(say("sinks", "no_report"))
         return
-    boundary = shares.boundary.iloc[0]
-    sink = shares[(shares.boundary == boundary) & (shares.tokens == "sink")].iloc[0]
-    other = shares[(shares.boundary == boundary) & (shares.tokens == "other")].iloc[0]
+    gap = shares.gap.iloc[0]
+    sink = shares[(shares.gap == gap) & (shares.tokens == "sink")].iloc[0]
+    other = shares[(shares.gap == gap) & (shares.tokens == "other")].iloc[0]
     st.markdown(say("sinks", "intro"))
     report = frames.get("sinks")
     if report is not None and len(report):
-        row = report[report.boundary == boundary].iloc[0]
-        st.markdown(say("sinks", "norms", boundary=boundary, sink_x=row.sink_rms_norm_x, sink_y=row.sink_rms_norm_y,
+        row = report[report.gap == gap].iloc[0]
+        st.markdown(say("sinks", "norms", gap=gap, sink_x=row.sink_rms_norm_x, sink_y=row.sink_rms_norm_y,
                         other_x=row.other_rms_norm_x, other_y=row.other_rms_norm_y))
     ratio = sink.per_token_share / max(other.per_token_share, 1e-300)
     st.markdown(say("sinks", "shares", count=int(sink["count"]), share=sink.delta_share,
                     fraction=sink["count"] / (sink["count"] + other["count"]),
                     times=f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.1f}"))
     if positions is not None and len(positions):
-        st.plotly_chart(_charts.position_share_bars(positions, boundary), key="learn_positions")
+        st.plotly_chart(_charts.position_share_bars(positions, gap), key="learn_positions")
     if spectra is not None and len(spectra):
-        st.plotly_chart(_charts.sink_spectra_lines(spectra, boundary), key="learn_sink_spectra")
+        st.plotly_chart(_charts.sink_spectra_lines(spectra, gap), key="learn_sink_spectra")
         st.caption(say("sinks", "spectra"))
     st.markdown(say("sinks", "dominated" if sink.delta_share > 0.5 else "modest"))
     robust_perplexities(stored)
     choices = frames.get("choices")
     if choices is not None and len(choices) and "chosen" in choices:
-        st.dataframe(choices[choices.method == "ghost-auto"][["boundary", "chosen", "reason"]], hide_index=True)
+        st.dataframe(choices[choices.method == "ghost-auto"][["gap", "chosen", "reason"]], hide_index=True)
 
 
 def robust_perplexities(stored: wb.FittedRun) -> None:

@@ -18,7 +18,7 @@ from ghosted.experiments.spec_flags import command
 from ghosted.models.architecture import describe, hidden_size, layer_param_count, num_layers
 from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.models.loading import LoadedModel, ModelLoadError, versions
-from ghosted.models.pruning import format_layers
+from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.operators.checkpoint import load_any, save_recovered
 from ghosted.recovery.diagnostics import directions_holding, removed_shares
 from ghosted.recovery.fitting import METHODS
@@ -30,5 +30,5 @@ __all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "Inte
            "LoadedModel", "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY",
            "SourceUnavailableError", "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding",
            "format_layers", "from_env", "help_text", "hidden_size", "label_of", "layer_param_count", "links",
-           "load_any", "num_layers", "parse_tasks", "precompute", "probes", "removed_shares", "save_recovered",
-           "versions", "with_role", "workbench"]
+           "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "removed_shares",
+           "save_recovered", "versions", "with_role", "workbench"]

@@ -184,7 +184,7 @@ def test_learn_fills_its_texts_with_the_runs_numbers(flow):
     assert not [text for text in shown if re.search(r"\{[A-Za-z_]\w*(:[^}]*)?\}", text)]
     table = run_of(flow).evaluation.table.set_index("label")
     expected = [_assets.learn("stream", "intro", width=576, layers=30),
-                _assets.learn("pruning", "missing", layers="20-23", start=20, end=24, last=23),
+                _assets.learn("pruning", "missing", layers="20-23", gap="20-23", end=24),
                 _assets.learn("pruning", "perplexity", dense=table.ppl["dense"],
                               pruned=table.ppl["pruned"])]
     assert all(text in shown for text in expected)
@@ -224,7 +224,7 @@ def test_learn_explains_the_sink_with_the_runs_numbers(flow):
 def test_compare_shows_the_sink_report(flow):
     open_page(flow, "compare")
     report = run_of(flow).frames["sinks"]
-    assert list(report.boundary) == ["20-24"]
+    assert list(report.gap) == ["20-23"]  # the gap in the drop notation, as --drop takes it
     assert any("share of ‖Δ‖² %" in d.value.columns for d in flow.dataframe)
 
 
