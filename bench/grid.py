@@ -31,6 +31,7 @@ import pandas as pd  # noqa: E402
 
 from ghosted.core.progress import TqdmProgress  # noqa: E402
 from ghosted.experiments.grid import GridConfig, GridResult, run_grid  # noqa: E402
+from ghosted.models.pruning import format_layers, parse_layers  # noqa: E402
 
 DOC = ROOT / "docs" / "REPRODUCTION.md"
 RESULT_FILE = RESULTS / "grid.json"  # the committed grid every generated grid number comes from
@@ -52,7 +53,33 @@ def merge(payloads: list[dict]) -> GridResult:
     meta["notes"] = [n for m in metas for n in m.get("notes", [])]
     meta["seconds"] = sum(m.get("seconds", 0) for m in metas)
     meta["influence_seconds"] = sum(m.get("influence_seconds", 0) for m in metas)
-    return GridResult(pd.concat(frames, ignore_index=True), meta)
+    frame = pd.concat(frames, ignore_index=True)
+    for column, sep in (("chosen", ", "), ("auto_heldout_nll", "; ")):
+        if column in frame:
+            frame[column] = [drop_notation(text, layers, sep) for text, layers in zip(frame[column], frame.layers)]
+    return GridResult(frame, meta)
+
+
+def drop_notation(text, layers: str, sep: str = ", "):
+    """ghost-auto's "<gap>: ..." parts (``chosen``, ``auto_heldout_nll``) with each gap in the drop notation.
+
+    Grids written before gaps were named in the drop notation hold ``start-end`` with ``end`` excluded
+    ("12-19: paper" for the layers 12-18). Read that way, their gaps cover the removed ``layers`` exactly, one
+    layer fewer per gap than the drop notation would: those are rewritten ("12-18: paper"); anything else
+    (already in the drop notation, or not a string) is kept as it is.
+    """
+    if not isinstance(text, str) or not text:
+        return text
+    parts = [part.partition(": ") for part in text.split(sep)]
+    try:
+        spans = [tuple(int(i) for i in gap.split("-")) for gap, _, _ in parts]
+        old = [range(start, end) for start, end in spans]
+    except ValueError:  # a single layer ("12") or not two numbers: not the old notation
+        return text
+    covered = [layer for span in old for layer in span]
+    if sorted(covered) != parse_layers(layers):
+        return text
+    return sep.join(f"{format_layers(span)}: {rest}" for span, (_, _, rest) in zip(old, parts))
 
 
 def read_results(path: Path = RESULT_FILE) -> GridResult:

@@ -55,3 +55,16 @@ def test_check_reports_a_hand_edited_block(tmp_path, monkeypatch):
     monkeypatch.setattr(docs, "blocks", lambda: [type(block)(copy, block.name, block.source, block.render)])
     assert docs.main(["--check"]) == 1
     assert docs.main([]) == 0 and docs.main(["--check"]) == 0  # rewritten from its file: agrees again
+
+
+def test_a_grid_written_before_the_drop_notation_is_read_in_it():
+    """Committed grids name ghost-auto's gaps `start-end` with `end` excluded; read, they are in the drop
+    notation, and a grid already in it is kept as it is."""
+    from bench.grid import drop_notation
+
+    assert drop_notation("12-19: paper", "12-18") == "12-18: paper"
+    assert drop_notation("12-13: paper, 13-14: none, 28-29: robust", "12-13,28") == "12: paper, 13: none, 28: robust"
+    assert drop_notation("12-19: paper 3.9239, robust 3.9217", "12-18", "; ") == "12-18: paper 3.9239, robust 3.9217"
+    for new in ("12-18: paper", "12: paper, 13: none", "12-13: robust"):  # already in the drop notation
+        assert drop_notation(new, "12-18" if new.startswith("12-18") else "12-13") == new
+    assert drop_notation(None, "12-18") is None
