@@ -4,44 +4,12 @@ import io
 import json
 import tempfile
 import zipfile
-from dataclasses import asdict
 from pathlib import Path
 
 import streamlit as st
 
-from ghosted.experiments.frontend import command, save_recovered, versions, workbench as wb
+from ghosted.experiments.frontend import recipes, save_recovered, workbench as wb
 from pages import _ui
-
-
-def recipe(lm, stored: wb.FittedRun, evaluated: wb.Evaluation | None) -> dict:
-    """Everything needed to redo the run: model, layers, calibration protocol, methods, versions."""
-    spec = stored.config
-    if evaluated:
-        p = evaluated.protocol
-        spec = spec.with_options(eval=p["source"], eval_tokens=p["n_windows"] * p["seq_len"], eval_seq_len=p["seq_len"])
-    return {
-        "format": "ghosted-app-recipe", "model": {"name": lm.name, "source": lm.source, "kind": lm.kind,
-                                                  "revision": lm.revision, "dtype": lm.dtype, "device": lm.device},
-        "dropped_layers": stored.layers, "dropped_spec": spec.layers.drop, "methods": stored.methods,
-        "calibration": stored.protocol, "heldout": stored.heldout_protocol,
-        "recovery": asdict(stored.run.config), "spec": spec.to_dict(),  # what `run --recipe` reruns
-        "evaluation": evaluated.protocol if evaluated else None,
-        "command": command(spec), "versions": versions(),
-    }
-
-
-def report(lm, stored: wb.FittedRun, evaluated: wb.Evaluation | None) -> dict:
-    """Results as JSON: perplexities with their protocol, boundary errors, asymmetry, recipe."""
-    frames = stored.frames
-    return {"recipe": recipe(lm, stored, evaluated),
-            "perplexity": evaluated.table.to_dict("records") if evaluated else None,
-            "boundary_errors": frames["errors"].to_dict("records"),
-            "asymmetry": frames["asymmetry"].to_dict("records")}
-
-
-def variant_spec(stored: wb.FittedRun, method: str) -> dict:
-    """The spec saved with one variant: the run's, with that method alone (as `python -m ghosted export`)."""
-    return stored.config.with_options(methods=[method]).to_dict()
 
 
 def zipped(model, lm, run, spec: dict) -> bytes:
@@ -67,7 +35,8 @@ def model_section(cfg, lm, stored: wb.FittedRun) -> None:
     names = list(run.results)
     method = st.selectbox("Variant", names, format_func=_ui.label, index=min(1, len(names) - 1))
     model = run.results[method].model
-    st.download_button("Download the model (zip)", data=lambda: zipped(model, lm, run, variant_spec(stored, method)),
+    spec = recipes.variant_spec(stored, method)
+    st.download_button("Download the model (zip)", data=lambda: zipped(model, lm, run, spec),
                        file_name=f"ghosted-{method}.zip", mime="application/zip", icon=":material/download:")
     st.caption("A Hugging Face folder: kept weights, tokenizer, `ghosted_recipe.json` and, when the "
                "method adds operators, `ghosted_operators.safetensors` (load with `ghosted.load_recovered`).")
@@ -78,7 +47,7 @@ def model_section(cfg, lm, stored: wb.FittedRun) -> None:
             overwrite = st.checkbox("Replace the model already in that folder", key="save_overwrite",
                                     help="Never allowed for the model's own folder or Ghosted's cache.")
             if st.form_submit_button("Save", key="save_submit"):
-                save_to(model, lm, run, target, overwrite, variant_spec(stored, method))
+                save_to(model, lm, run, target, overwrite, spec)
 
 
 def save_to(model, lm, run, target: str, overwrite: bool = False, spec: dict | None = None) -> None:
@@ -108,12 +77,12 @@ if evaluated:
                             "ghosted_perplexity.csv", "text/csv")
 else:
     cols[0].caption("Evaluate perplexity on the Compare page to export it.")
-cols[1].download_button("Boundary errors (CSV)", stored.frames["errors"].to_csv(index=False),
-                        "ghosted_boundary_errors.csv", "text/csv")
-cols[2].download_button("Full report (JSON)", json.dumps(report(lm, stored, evaluated), indent=2, default=str),
+cols[1].download_button("Gap errors (CSV)", stored.frames["errors"].to_csv(index=False),
+                        "ghosted_gap_errors.csv", "text/csv")
+cols[2].download_button("Full report (JSON)", json.dumps(recipes.report(lm, stored, evaluated), indent=2, default=str),
                         "ghosted_report.json", "application/json")
 st.subheader("Recipe")
-the_recipe = recipe(lm, stored, evaluated)
+the_recipe = recipes.recipe(lm, stored, evaluated)
 st.download_button("Recipe (JSON)", json.dumps(the_recipe, indent=2, default=str), "ghosted_recipe.json",
                    "application/json")
 st.code(the_recipe["command"], language="bash")

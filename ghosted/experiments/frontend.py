@@ -11,7 +11,7 @@ from ghosted.core.progress import Progress
 from ghosted.data.sources import SourceUnavailableError, TextSource
 from ghosted.evaluation.intervals import IntervalConfig
 from ghosted.evaluation.zeroshot import parse_tasks
-from ghosted.experiments import links, precompute, probes, workbench
+from ghosted.experiments import links, precompute, probes, recipes, workbench
 from ghosted.experiments.deploy import DeployConfig, from_env
 from ghosted.experiments.jobs import JobQueue, JobStatus
 from ghosted.experiments.spec_flags import command
@@ -30,5 +30,5 @@ __all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "Inte
            "LoadedModel", "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY",
            "SourceUnavailableError", "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding",
            "format_layers", "from_env", "help_text", "hidden_size", "label_of", "layer_param_count", "links",
-           "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "removed_shares",
+           "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "recipes", "removed_shares",
            "save_recovered", "versions", "with_role", "workbench"]

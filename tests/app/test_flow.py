@@ -160,6 +160,8 @@ def test_export_downloads(flow):
     assert recipe["dropped_layers"] == LAYERS and recipe["methods"] == ["none", *METHODS]
     assert recipe["calibration"]["n_windows"] == 4 and "transformers" in recipe["versions"]
     assert "--drop 20-23" in recipe["command"]
+    assert recipe["format"] == "ghosted-recipe" and "settings" in recipe  # a saved model's recipe format
+    assert recipe["format"] == "ghosted-recipe" and "settings" in recipe  # a saved model's recipe format
     from ghosted.experiments.spec import ExperimentSpec  # the spec, in the format of `run --out` and `export`
 
     spec = ExperimentSpec.from_dict(recipe["spec"])
