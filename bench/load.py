@@ -76,8 +76,8 @@ def start_server(workdir: Path, precomputed: bool) -> tuple[subprocess.Popen, st
     return server, url
 
 
-def tree_rss_mib(pid: int) -> float:
-    """Resident memory of a process and all its descendants, MiB (from /proc)."""
+def tree_pids(pid: int) -> list[int]:
+    """A process and all its descendants (from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -86,10 +86,18 @@ def tree_rss_mib(pid: int) -> float:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(entry.name))
-    total, todo = 0, [pid]
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        found.append(current)
         todo += children.get(current, [])
+    return found
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants, MiB (from /proc)."""
+    total = 0
+    for current in tree_pids(pid):
         try:
             status = Path(f"/proc/{current}/status").read_text()
             total += int(re.search(r"VmRSS:\s+(\d+)", status).group(1))
@@ -206,9 +214,11 @@ async def flow(browser, url: str, n_block: int, record: dict) -> None:
         await context.close()
 
 
-async def warm_visit(browser, url: str) -> None:
-    """One untimed visit before the class arrives, as on a server that has been up: the model is loaded
-    and the server's warm-up (the precomputed runs, ``pages/_ui.warm_up``) is queued."""
+async def warm_visit(browser, url: str, server_pid: int) -> float:
+    """One untimed visit before the class arrives, as on a server that has been up: the model is loaded,
+    the server's warm-up (the precomputed runs, ``pages/_ui.warm_up``) is queued, and the class comes
+    once the server is quiet (its warm-up done). Returns the seconds that took."""
+    started = time.perf_counter()
     context = await browser.new_context()
     page = await context.new_page()
     page.set_default_timeout(STEP_TIMEOUT_MS)
@@ -217,9 +227,37 @@ async def warm_visit(browser, url: str) -> None:
         await idle(page)
     finally:
         await context.close()
+    await asyncio.to_thread(wait_quiet, server_pid)
+    return time.perf_counter() - started
 
 
-async def sessions(url: str, count: int, choices: str) -> list[dict]:
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) used so far by a process and its descendants, seconds (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for proc in tree_pids(pid):
+        try:
+            fields = Path(f"/proc/{proc}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def wait_quiet(pid: int, window_s: float = 5.0, busy_share: float = 0.1, limit_s: float = 900.0) -> None:
+    """Return once the server's process tree used under ``busy_share`` of one core over ``window_s``
+    seconds (its warm-up jobs are done), or after ``limit_s``."""
+    deadline = time.monotonic() + limit_s
+    before = tree_cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(window_s)
+        now = tree_cpu_seconds(pid)
+        if now - before < busy_share * window_s:
+            return
+        before = now
+
+
+async def sessions(url: str, count: int, choices: str, server_pid: int, record_warm) -> list[dict]:
     from playwright.async_api import async_playwright
 
     records = [{"session": i, "block_n": 6 if choices == "same" else 2 + i % 8, "switches": [], "errors": []}
@@ -227,7 +265,7 @@ async def sessions(url: str, count: int, choices: str) -> list[dict]:
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
-            await warm_visit(browser, url)
+            record_warm(await warm_visit(browser, url, server_pid))
             await asyncio.gather(*(flow(browser, url, r["block_n"], r) for r in records))
         finally:
             await browser.close()
@@ -257,9 +295,14 @@ def summary(records: list[dict]) -> dict:
     return out
 
 
-def job_summary(log: Path) -> dict:
-    """What the server computed, from its job log: per kind, jobs done and their summed seconds."""
-    jobs = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+def job_lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def job_summary(log: Path, skip: int = 0) -> dict:
+    """What the server computed, from its job log (after its first ``skip`` jobs, the warm-up): per kind,
+    jobs done and their summed seconds."""
+    jobs = [json.loads(line) for line in job_lines(log)[skip:]]
     out = {}
     for job in jobs:
         entry = out.setdefault(job["kind"], {"done": 0, "other": 0, "seconds": 0.0})
@@ -278,13 +321,17 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
         try:
             with PeakMemory(server.pid) as memory:
                 idle_mib = tree_rss_mib(server.pid)
-                started = time.perf_counter()
-                records = asyncio.run(sessions(url, count, choices))
-                wall = time.perf_counter() - started
+                log, warm = Path(tmp) / "jobs.jsonl", {}
+
+                def warmed(seconds: float) -> None:  # the class arrives: jobs and time from here on are theirs
+                    warm.update(seconds=seconds, jobs=len(job_lines(log)), at=time.perf_counter())
+                records = asyncio.run(sessions(url, count, choices, server.pid, warmed))
+                wall = time.perf_counter() - warm["at"]
         finally:
             stop(server, grace_s=30)
-        jobs = job_summary(Path(tmp) / "jobs.jsonl")
+        jobs = job_summary(log, skip=warm.get("jobs", 0))
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
+            "warm_up_s": warm.get("seconds"), "warm_up_jobs": warm.get("jobs"),
             "server_idle_mib": idle_mib, "server_peak_mib": memory.peak, **summary(records), "jobs": jobs,
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count(), "commit": commit()}
@@ -371,9 +418,11 @@ def write_report(results: dict, argv: list[str] | None) -> None:
     body = (report_table(results) + "\n\nTimes are per session, from opening the app (influence) or from the "
             "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
             "title, while that session's run was being computed. Each cell starts a fresh server and visits it "
-            "once before the sessions (untimed: the model loads and the server queues its warm-up, as on a "
+            "once before the sessions and waits until it is quiet (untimed: the model loads and the server "
+            "computes its warm-up, the precomputed runs, as on a "
             "server that has been up). \"jobs computed\" and the summed job time come from the server's job "
-            "log (`GHOSTED_JOB_LOG`); \"wall / summed job time\" below 1 means the workers ran jobs side by side "
+            "log (`GHOSTED_JOB_LOG`), the warm-up's jobs left out; \"wall / summed job time\" below 1 means the "
+            "workers ran jobs side by side "
             "and no session waited on anything but them. \"load before\" is the machine's 1-minute load "
             "average when the cell started (other work on the machine slows every number). Cells not listed "
             "were not run.")
