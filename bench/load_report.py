@@ -1,0 +1,99 @@
+"""The report of the load benchmark: the table in docs/BENCHMARKS.md and the sentence in docs/DEPLOY.md,
+written from the cells in ``bench/results/load.json`` (``python -m bench.load --report``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from bench._common import ROOT, table, write_section
+
+RESULTS = ROOT / "bench" / "results" / "load.json"
+DEPLOY = ROOT / "docs" / "DEPLOY.md"
+
+
+def cell_name(cell: dict) -> str:
+    return f"{cell['sessions']}-{cell['choices']}{'-precomputed' if cell['precomputed'] else ''}"
+
+
+def load_results() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"cells": {}}
+
+
+def seconds(entry: dict) -> str:
+    if entry.get("median_s") is None:
+        return "-"
+    return f"{entry['median_s']:.0f} / {entry['p95_s']:.0f}"
+
+
+def report_table(results: dict) -> str:
+    header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
+              "compared s", "whole flow s", "page switch while jobs run s", "saw their place", "errors",
+              "server peak MiB", "jobs computed", "wall / summed job time", "load before"]
+    rows = []
+    for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
+        switch = cell["page_switch"]
+        rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no",
+                     seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
+                     seconds(cell["total"]), seconds(switch) if switch["count"] else "-",
+                     f"{cell['saw_queue_place']} of {cell['sessions']}", cell["errors"],
+                     f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell),
+                     f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
+    return table(header, rows)
+
+
+def jobs_text(cell: dict) -> str:
+    """The jobs the server ran, e.g. "1 influence, 8 fit, 8 evaluate" ("-" without a job log)."""
+    jobs = cell.get("jobs")
+    if jobs is None:
+        return "-"
+    return ", ".join(f"{j['done']} {kind}" for kind, j in sorted(jobs.items()) if j["done"]) or "none"
+
+
+def wall_ratio(cell: dict) -> str:
+    """Wall time of the whole cell over the summed time of the jobs it computed: at most 1 when no
+    session waited on anything but the jobs themselves, run one after another."""
+    if not cell.get("job_seconds"):
+        return "-"
+    return f"{cell['wall_s'] / cell['job_seconds']:.2f}"
+
+
+def deploy_sentence(results: dict) -> str:
+    cells = {name: c for name, c in results["cells"].items() if c["total"]["median_s"] is not None}
+    if not cells:
+        return ("`python -m bench.load` has not yet measured a session that finished the flow on this machine; "
+                "see docs/BENCHMARKS.md (section \"A class at once\") for what was run.")
+    measured = ", ".join(f"{plural(c['sessions'], 'session')} with {c['choices']} choices"
+                         f"{' (precomputed)' if c['precomputed'] else ''}" for c in
+                         sorted(cells.values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])))
+    largest = max(cells.values(), key=lambda c: (c["sessions"], c["choices"] == "different"))
+    return (f"Measured with `python -m bench.load` on {largest['cores']} cores ({largest['date']}): {measured}. "
+            f"With {plural(largest['sessions'], 'session')} following the teaching flow with "
+            f"{largest['choices']} choices, "
+            f"the median session had its compared results after {largest['total']['median_s']:.0f} s "
+            f"(95th percentile {largest['total']['p95_s']:.0f} s), page switches while jobs ran took "
+            f"{seconds(largest['page_switch'])} s (median / p95), {largest['errors']} error(s), and the server "
+            f"peaked at {largest['server_peak_mib'] / 1024:.1f} GiB. The full table is in docs/BENCHMARKS.md "
+            "(section \"A class at once\").")
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def write_report(results: dict, argv: list[str] | None) -> None:
+    body = (report_table(results) + "\n\nTimes are per session, from opening the app (influence) or from the "
+            "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
+            "title, while that session's run was being computed. Each cell starts a fresh server and visits it "
+            "once before the sessions and waits until it is quiet (untimed: the model loads and the server "
+            "computes its warm-up, the precomputed runs, as on a "
+            "server that has been up). \"jobs computed\" and the summed job time come from the server's job "
+            "log (`GHOSTED_JOB_LOG`), the warm-up's jobs left out; \"wall / summed job time\" below 1 means the "
+            "workers ran jobs side by side "
+            "and no session waited on anything but them. \"load before\" is the machine's 1-minute load "
+            "average when the cell started (other work on the machine slows every number). Cells not listed "
+            "were not run.")
+    write_section("load", "A class at once: N browser sessions on one demo server", argv, body)
+    from ghosted.core.docblocks import markers, write_block
+
+    write_block(DEPLOY, *markers("load:classroom"), deploy_sentence(results))
