@@ -59,22 +59,28 @@ def wall_ratio(cell: dict) -> str:
 
 
 def deploy_sentence(results: dict) -> str:
-    cells = {name: c for name, c in results["cells"].items() if c["total"]["median_s"] is not None}
+    """What a class gets on this machine: a lone visitor, and the largest class with the same and with
+    different choices, each on the precomputed presets when that was measured."""
+    cells = [c for c in results["cells"].values() if c["total"]["median_s"] is not None]
     if not cells:
         return ("`python -m bench.load` has not yet measured a session that finished the flow on this machine; "
                 "see docs/BENCHMARKS.md (section \"A class at once\") for what was run.")
-    measured = ", ".join(f"{plural(c['sessions'], 'session')} with {c['choices']} choices"
-                         f"{' (precomputed)' if c['precomputed'] else ''}" for c in
-                         sorted(cells.values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])))
-    largest = max(cells.values(), key=lambda c: (c["sessions"], c["choices"] == "different"))
-    return (f"Measured with `python -m bench.load` on {largest['cores']} cores ({largest['date']}): {measured}. "
-            f"With {plural(largest['sessions'], 'session')} following the teaching flow with "
-            f"{largest['choices']} choices, "
-            f"the median session had its compared results after {largest['total']['median_s']:.0f} s "
-            f"(95th percentile {largest['total']['p95_s']:.0f} s), page switches while jobs ran took "
-            f"{seconds(largest['page_switch'])} s (median / p95), {largest['errors']} error(s), and the server "
-            f"peaked at {largest['server_peak_mib'] / 1024:.1f} GiB. The full table is in docs/BENCHMARKS.md "
-            "(section \"A class at once\").")
+    precomputed = [c for c in cells if c["precomputed"]] or cells
+    lone = min(precomputed, key=lambda c: (c["sessions"], c["choices"] != "same"))
+    largest = max(c["sessions"] for c in precomputed)
+    classes = [c for c in precomputed if c["sessions"] == largest and c is not lone]
+    parts = [f"Measured with `python -m bench.load` on {lone['cores']} cores ({lone['date']}, the server in demo "
+             f"mode{', precomputed' if lone['precomputed'] else ''}): a lone visitor following the teaching flow "
+             f"had compared results after {lone['total']['median_s']:.0f} s"]
+    for c in sorted(classes, key=lambda c: c["choices"]):
+        place = f", {c['saw_queue_place']} of them saw their place in the queue" if c["choices"] == "different" else ""
+        switch = (f", page switches while jobs ran {seconds(c['page_switch'])} s (median / p95)"
+                  if c["page_switch"]["count"] else "")
+        parts.append(f"{plural(c['sessions'], 'session')} at once with {c['choices']} choices after "
+                     f"{c['total']['median_s']:.0f} s (median; 95th percentile {c['total']['p95_s']:.0f} s), "
+                     f"{c['total']['finished']} of {c['sessions']} finished, {c['errors']} error(s){place}{switch}, "
+                     f"the server at most {c['server_peak_mib'] / 1024:.1f} GiB")
+    return "; ".join(parts) + ". The full table is in docs/BENCHMARKS.md (section \"A class at once\")."
 
 
 def plural(count: int, word: str) -> str:
