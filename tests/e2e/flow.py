@@ -191,7 +191,7 @@ def compare(page, shots: Path) -> None:
     click(page, "generate_run")
     expect(page.get_by_text("The capital of France is", exact=True).last).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)
-    for title in ("Perplexity (lower is better)", "removed (1 = perfect", "Singular values of the discrepancy"):
+    for title in ("Perplexity (lower is better", "removed (1 = perfect", "Singular values of the discrepancy"):
         expect(page.locator(".gtitle", has_text=title).first).to_be_visible()
     screenshot(page, shots, "compare")
 
