@@ -89,7 +89,7 @@ def _methods() -> Block:
 def _classroom_load() -> Block:
     """docs/DEPLOY.md's sentence on a class at once, from bench/results/load.json (empty until measured)."""
     def render() -> str:
-        from bench import load
+        from bench import load_report as load
 
         results = load.load_results()
         return load.deploy_sentence(results) if results["cells"] else ""

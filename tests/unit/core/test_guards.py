@@ -304,9 +304,9 @@ def test_cli_prints_the_ill_conditioned_warning_once_per_gap(tmp_path):
     report = json.loads(out.read_text())
     assert len(report["warnings"]) == 1 and "[20, 23)" in report["warnings"][0]
     auto = next(e for e in report["results"] if e["method"] == "ghost-auto")
-    assert re.fullmatch(r"20-23: paper \d+\.\d{4}, robust \d+\.\d{4}, none \d+\.\d{4}", auto["auto_heldout_nll"])
+    assert re.fullmatch(r"20-22: paper \d+\.\d{4}, robust \d+\.\d{4}, none \d+\.\d{4}", auto["auto_heldout_nll"])
     assert auto["chosen"].split(": ")[1] in {"paper", "robust", "none"}
-    assert f"ghost-auto chose {auto['chosen']} (held-out NLL 20-23: paper" in proc.stdout
+    assert f"ghost-auto chose {auto['chosen']} (held-out NLL 20-22: paper" in proc.stdout
 
 
 @pytest.mark.slow
