@@ -19,8 +19,8 @@ import streamlit as st
 import torch
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env, links,
-                                         load_any, num_layers, precompute, workbench as wb)
+from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env, heap,
+                                         links, load_any, num_layers, precompute, workbench as wb)
 from pages import _restore
 from pages._status import USER_ERRORS, user_errors, wait_text  # noqa: F401 (re-exported: pages call them here)
 from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
@@ -119,6 +119,7 @@ model_key = wb.model_key  # a string naming everything that changes the loaded m
 def _release(loaded: LoadedModel) -> None:
     """Free an evicted model's memory (called by the cache when another model replaces it)."""
     del loaded
+    heap.thaw()  # the released model's objects can be collected again
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -128,8 +129,10 @@ def _release(loaded: LoadedModel) -> None:
 def load_cached(source: str, dtype: str, device: str, device_map: str | None,
                 trust_remote_code: bool) -> LoadedModel:
     """One model for the whole server, keyed on every argument that changes it. Never mutate it."""
-    return load_any(source, dtype=dtype, device=device, device_map=device_map,
-                    trust_remote_code=trust_remote_code)  # a saved recovered folder keeps its operators
+    loaded = load_any(source, dtype=dtype, device=device, device_map=device_map,
+                      trust_remote_code=trust_remote_code)  # a saved recovered folder keeps its operators
+    heap.freeze_long_lived()  # collections after every page run stay cheap (ghosted.core.heap)
+    return loaded
 
 
 def check_spec(spec: dict, cfg: DeployConfig) -> None:

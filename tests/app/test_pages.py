@@ -32,3 +32,13 @@ def test_deep_link_on_a_fresh_server_runs_inside_the_frame(monkeypatch, page):
     no_exception(at)
     assert at.title[0].value.lower().startswith(page)
     assert any("SmolLM2-135M-Instruct" in s.value for s in at.sidebar.success)
+
+
+def test_the_loaded_model_is_out_of_the_collectors_sight(app):
+    """Once the shared model is loaded its objects are frozen (ghosted.core.heap), so the collections of
+    many waiting pages stay cheap; releasing the model (the fixture clears the cache) thaws them."""
+    import gc
+
+    open_page(app, "model")
+    no_exception(app)
+    assert gc.get_freeze_count() > 100_000  # the model and its libraries: hundreds of thousands of objects
