@@ -31,5 +31,5 @@ __all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "Inte
            "LoadedModel", "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY",
            "SourceUnavailableError", "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding",
            "format_layers", "from_env", "heap", "help_text", "hidden_size", "label_of", "layer_param_count",
-           "links", "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "recipes", "removed_shares",
-           "save_recovered", "versions", "with_role", "workbench"]
+           "links", "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "recipes",
+           "removed_shares", "save_recovered", "versions", "with_role", "workbench"]
