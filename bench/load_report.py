@@ -29,7 +29,7 @@ def seconds(entry: dict) -> str:
 def report_table(results: dict) -> str:
     header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
               "compared s", "whole flow s", "page switch while jobs run s", "saw their place", "errors",
-              "server peak MiB", "jobs computed", "wall / summed job time", "load before"]
+              "server peak MiB", "jobs computed", "wall / summed job time", "CPU s: server / browsers", "load before"]
     rows = []
     for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
         switch = cell["page_switch"]
@@ -37,7 +37,7 @@ def report_table(results: dict) -> str:
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
                      seconds(cell["total"]), seconds(switch) if switch["count"] else "-",
                      f"{cell['saw_queue_place']} of {cell['sessions']}", cell["errors"],
-                     f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell),
+                     f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell), cpu_text(cell),
                      f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
     return table(header, rows)
 
@@ -48,6 +48,13 @@ def jobs_text(cell: dict) -> str:
     if jobs is None:
         return "-"
     return ", ".join(f"{j['done']} {kind}" for kind, j in sorted(jobs.items()) if j["done"]) or "none"
+
+
+def cpu_text(cell: dict) -> str:
+    """CPU seconds the server and the (low-priority) browsers used while the class was there."""
+    if "server_cpu_s" not in cell:
+        return "-"
+    return f"{cell['server_cpu_s']:.0f} / {cell['browser_cpu_s']:.0f}"
 
 
 def wall_ratio(cell: dict) -> str:
@@ -96,7 +103,10 @@ def write_report(results: dict, argv: list[str] | None) -> None:
             "server that has been up). \"jobs computed\" and the summed job time come from the server's job "
             "log (`GHOSTED_JOB_LOG`), the warm-up's jobs left out; \"wall / summed job time\" below 1 means the "
             "workers ran jobs side by side "
-            "and no session waited on anything but them. \"load before\" is the machine's 1-minute load "
+            "and no session waited on anything but them. The browsers share the server's cores at the lowest CPU "
+            "priority (`nice -n 19`; in a class they run on the students' machines): \"CPU s\" gives what the "
+            "server and the browsers used while the class was there (cells measured before the browsers ran "
+            "niced show \"-\"). \"load before\" is the machine's 1-minute load "
             "average when the cell started (other work on the machine slows every number). Cells not listed "
             "were not run.")
     write_section("load", "A class at once: N browser sessions on one demo server", argv, body)

@@ -1,0 +1,48 @@
+"""The load benchmark's own parts: what it measures of the server and the browsers, and its report."""
+
+import os
+import subprocess
+import sys
+import time
+
+from bench.load import Usage, cpu_seconds_by_pid, low_priority_browser, tree_pids
+from bench.load_report import cpu_text, report_table
+
+
+def test_usage_counts_the_server_tree_apart_from_the_rest(tmp_path):
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    server = subprocess.Popen([sys.executable, "-c", busy])
+    try:
+        usage = Usage(server.pid)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and usage.cpu_s("server") < 0.25:
+            usage.sample()
+            time.sleep(0.1)
+        assert usage.cpu_s("server") >= 0.25  # the busy child is the server
+        assert server.pid in tree_pids(server.pid) and os.getpid() not in tree_pids(server.pid)
+        assert usage.peak > 0
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_cpu_seconds_skip_processes_that_are_gone():
+    assert cpu_seconds_by_pid([os.getpid(), 2**22 + 1]).keys() == {os.getpid()}
+
+
+def test_the_browser_wrapper_runs_the_browser_niced(tmp_path, monkeypatch):
+    monkeypatch.setattr("bench.load.CHROMIUM", "/bin/sh")
+    wrapper = low_priority_browser(tmp_path)
+    out = subprocess.run([wrapper, "-c", "ps -o ni= -p $$"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "19"
+
+
+def test_the_report_gives_cpu_only_for_cells_that_measured_it():
+    cell = {"sessions": 1, "choices": "same", "precomputed": True, "influence": {"median_s": 5, "p95_s": 5},
+            "recovered": {"median_s": 4, "p95_s": 4}, "compared": {"median_s": 3, "p95_s": 3},
+            "total": {"median_s": 12, "p95_s": 12}, "page_switch": {"count": 0}, "saw_queue_place": 0,
+            "errors": 0, "server_peak_mib": 1700.0, "jobs": {}, "wall_s": 12.0, "job_seconds": 0}
+    assert cpu_text(cell) == "-"
+    measured = {**cell, "server_cpu_s": 20.4, "browser_cpu_s": 6.2}
+    assert cpu_text(measured) == "20 / 6"
+    assert "20 / 6" in report_table({"cells": {"a": measured}})
