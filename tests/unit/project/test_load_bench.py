@@ -5,7 +5,8 @@ import subprocess
 import sys
 import time
 
-from bench.load import Usage, cpu_seconds_by_pid, low_priority_browser, tree_pids
+from bench.load import low_priority_browser
+from bench.load_usage import Usage, cpu_seconds_by_pid, tree_pids
 from bench.load_report import cpu_text, report_table
 
 
