@@ -7,9 +7,9 @@ that each follow the teaching flow at the same time: Influence with the page's d
 "Streamline block of n", Calibrate & recover with the defaults, Compare with 1,024 evaluation tokens.
 With ``--choices same`` every session picks n = 6; with ``different`` session i picks n = 2 + i mod 8
 (different blocks, so different runs). While its run is computed each session switches to the Model page
-and back, timing both page switches. The browsers run at the lowest CPU priority (``nice -n 19``): in a class
-they run on the students' machines, so here they take only what the server leaves; each cell records the
-CPU seconds the server and the browsers used.
+and back, timing both page switches. The browsers run at nice 19's CPU weight (``bench/load_browsers.py``): in a
+class they run on the students' machines, so here they take only what the server leaves; each cell records
+how they were held back and the CPU seconds the server and the browsers used.
 
 Per step: the median and 95th percentile of the sessions' times, page-switch latency while jobs run,
 errors, and the server's peak memory (RSS of its process tree, sampled every 0.5 s). Results go to
@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import re
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -41,6 +40,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ROOT, machine, today  # noqa: E402
+from bench.load_browsers import cpu_group, low_priority_browser, remove_group  # noqa: E402
 from bench.load_usage import Usage, tree_rss_mib, wait_quiet  # noqa: E402
 from bench.load_report import RESULTS, cell_name, load_results, write_report  # noqa: E402
 from tests.e2e.conftest import _free_port, _wait_healthy, stop  # noqa: E402  (the browser tests' server)
@@ -94,16 +94,6 @@ def copy_precomputed(env: dict, workdir: Path) -> None:
     for part in ("stats", "results"):
         if (_PRECOMPUTED["dir"] / part).is_dir():
             shutil.copytree(_PRECOMPUTED["dir"] / part, workdir / part)
-
-
-def low_priority_browser(folder: Path) -> str:
-    """A chromium that runs at the lowest CPU priority (``nice -n 19``): in a class the browsers run on the
-    students' own machines, here they share the server's cores, and rendering thirty pages must not be
-    counted as the server's slowness. The server still competes with them for memory bandwidth and caches."""
-    wrapper = folder / "chromium-low-priority"
-    wrapper.write_text(f'#!/bin/sh\nexec nice -n 19 {shlex.quote(CHROMIUM)} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper)
 
 
 # --- one session ------------------------------------------------------------------------------------------
@@ -269,6 +259,7 @@ def job_summary(log: Path, skip: int = 0) -> dict:
 
 
 def run_cell(count: int, choices: str, precomputed: bool) -> dict:
+    group = cpu_group(f"ghosted-load-browsers-{os.getpid()}")
     with tempfile.TemporaryDirectory(prefix="ghosted-load-") as tmp:
         server, url = start_server(Path(tmp), precomputed)
         load_before = os.getloadavg()[0]
@@ -281,19 +272,21 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
                     usage.sample()
                     warm.update(seconds=seconds, jobs=len(job_lines(log)), at=time.perf_counter(),
                                 server_cpu=usage.cpu_s("server"), browser_cpu=usage.cpu_s("browsers"))
-                records = asyncio.run(sessions(url, count, choices, server.pid, warmed,
-                                               low_priority_browser(Path(tmp))))
+                launcher, held_back = low_priority_browser(Path(tmp), CHROMIUM, group)
+                records = asyncio.run(sessions(url, count, choices, server.pid, warmed, launcher))
                 wall = time.perf_counter() - warm["at"]
                 usage.sample()
         finally:
             stop(server, grace_s=30)
+            if group:
+                remove_group(group[0])
         jobs = job_summary(log, skip=warm.get("jobs", 0))
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
             "warm_up_s": warm.get("seconds"), "warm_up_jobs": warm.get("jobs"),
             "server_idle_mib": idle_mib, "server_peak_mib": usage.peak, **summary(records), "jobs": jobs,
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "server_cpu_s": usage.cpu_s("server") - warm.get("server_cpu", 0.0),
-            "browser_cpu_s": usage.cpu_s("browsers") - warm.get("browser_cpu", 0.0), "browsers": "nice 19",
+            "browser_cpu_s": usage.cpu_s("browsers") - warm.get("browser_cpu", 0.0), "browsers": held_back,
             "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count(), "commit": commit()}
 
 
@@ -306,7 +299,7 @@ def commit() -> str:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sessions", default="1,10", help="comma list of session counts")
-    p.add_argument("--choices", default="same,different", help="same, different or both")
+    p.add_argument("--choices", default="same,different", help="comma list of same and different")
     p.add_argument("--precomputed", action="store_true", help="run scripts/precompute.py before the sessions")
     p.add_argument("--report", action="store_true", help="only rewrite the docs from bench/results/load.json")
     args = p.parse_args(argv)

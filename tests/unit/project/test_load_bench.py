@@ -5,7 +5,7 @@ import subprocess
 import sys
 import time
 
-from bench.load import low_priority_browser
+from bench.load_browsers import cpu_group, low_priority_browser, remove_group
 from bench.load_usage import Usage, cpu_seconds_by_pid, tree_pids
 from bench.load_report import cpu_text, report_table
 
@@ -31,11 +31,24 @@ def test_cpu_seconds_skip_processes_that_are_gone():
     assert cpu_seconds_by_pid([os.getpid(), 2**22 + 1]).keys() == {os.getpid()}
 
 
-def test_the_browser_wrapper_runs_the_browser_niced(tmp_path, monkeypatch):
-    monkeypatch.setattr("bench.load.CHROMIUM", "/bin/sh")
-    wrapper = low_priority_browser(tmp_path)
-    out = subprocess.run([wrapper, "-c", "ps -o ni= -p $$"], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "19"
+def test_the_browser_launcher_joins_the_group_and_runs_niced(tmp_path):
+    procs = tmp_path / "cgroup.procs"
+    launcher, words = low_priority_browser(tmp_path, "/bin/sh", (procs, "a group"))
+    out = subprocess.run([launcher, "-c", "echo $$; ps -o ni= -p $$"], capture_output=True, text=True, check=True)
+    pid, nice = out.stdout.split()
+    assert nice == "19" and procs.read_text().strip() == pid  # exec keeps the pid: chromium is in the group
+    assert "a group" in words
+    assert low_priority_browser(tmp_path, "/bin/sh", None)[1] == "nice 19 only (no CPU group)"
+
+
+def test_the_cpu_group_gets_nice_19s_weight(tmp_path, monkeypatch):
+    (tmp_path / "cgroup.procs").touch()
+    monkeypatch.setattr("bench.load_browsers.V1_CPU", tmp_path)
+    procs, words = cpu_group("browsers")
+    assert procs == tmp_path / "browsers" / "cgroup.procs"
+    assert (tmp_path / "browsers" / "cpu.shares").read_text() == "15" and "15 of 1,024" in words
+    remove_group(procs)  # only an empty group goes; here the fake one holds cpu.shares, so it stays
+    assert (tmp_path / "browsers").exists()
 
 
 def test_the_report_gives_cpu_only_for_cells_that_measured_it():

@@ -1,0 +1,62 @@
+"""The load benchmark's browsers at the lowest CPU weight, so that rendering is not counted as the server's.
+
+In a class the browsers run on the students' machines; here thirty chromium tabs share the server's two
+cores. ``nice -n 19`` alone does not hold them back: chromium sets its own processes' priorities (as root it
+raises some to -8), and with the kernel's autogroups enabled it starts in a session of its own, whose group
+competes with the server's as an equal, whatever the nice values inside it. So the browsers go into a CPU
+control group of their own with the weight the kernel gives nice 19 (15 of 1,024 under cgroup v1, 1 of 100
+under cgroup v2): when the server computes, they get what it leaves. Where no group can be made (not root, no
+cpu controller), they run at ``nice -n 19`` and the cell says so.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+NICE_19_SHARES = 15  # cgroup v1 cpu.shares equal to the kernel's weight of nice 19 (nice 0 is 1,024)
+NICE_19_WEIGHT = 1  # cgroup v2 cpu.weight closest to nice 19 (nice 0 is 100)
+V1_CPU = Path("/sys/fs/cgroup/cpu")
+V2_ROOT = Path("/sys/fs/cgroup")
+
+
+def cpu_group(name: str) -> tuple[Path, str] | None:
+    """Make the CPU group ``name`` at nice 19's weight; (its cgroup.procs file, how it is set) or None."""
+    for parent, knob, value, words in ((V1_CPU, "cpu.shares", NICE_19_SHARES, "cgroup v1 cpu.shares 15 of 1,024"),
+                                       (V2_ROOT, "cpu.weight", NICE_19_WEIGHT, "cgroup v2 cpu.weight 1 of 100")):
+        if not (parent / "cgroup.procs").exists() or (knob == "cpu.weight" and not _v2_has_cpu(parent)):
+            continue
+        group = parent / name
+        try:
+            group.mkdir(exist_ok=True)
+            (group / knob).write_text(str(value))
+        except OSError:
+            continue
+        return group / "cgroup.procs", words
+    return None
+
+
+def _v2_has_cpu(root: Path) -> bool:
+    try:
+        return "cpu" in (root / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return False
+
+
+def remove_group(procs: Path) -> None:
+    """Remove the group this benchmark made, once its browsers have exited (an empty group only)."""
+    try:
+        procs.parent.rmdir()
+    except OSError:
+        pass
+
+
+def low_priority_browser(folder: Path, chromium: str, group: tuple[Path, str] | None) -> tuple[str, str]:
+    """A chromium launcher that joins ``group`` (its children follow) and runs at ``nice -n 19``.
+
+    Returns (the launcher's path, how the browsers were held back, in words for the results)."""
+    join = f"echo $$ > {shlex.quote(str(group[0]))} 2>/dev/null || true\n" if group else ""
+    launcher = folder / "chromium-low-priority"
+    launcher.write_text(f"#!/bin/sh\n{join}exec nice -n 19 {shlex.quote(chromium)} \"$@\"\n")
+    launcher.chmod(0o755)
+    return str(launcher), (f"{group[1]} (nice 19's weight)" if group else "nice 19 only (no CPU group)")
