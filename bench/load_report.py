@@ -103,10 +103,11 @@ def write_report(results: dict, argv: list[str] | None) -> None:
             "server that has been up). \"jobs computed\" and the summed job time come from the server's job "
             "log (`GHOSTED_JOB_LOG`), the warm-up's jobs left out; \"wall / summed job time\" below 1 means the "
             "workers ran jobs side by side "
-            "and no session waited on anything but them. The browsers share the server's cores at the lowest CPU "
-            "priority (`nice -n 19`; in a class they run on the students' machines): \"CPU s\" gives what the "
-            "server and the browsers used while the class was there (cells measured before the browsers ran "
-            "niced show \"-\"). \"load before\" is the machine's 1-minute load "
+            "and no session waited on anything but them. The browsers share the server's cores in a CPU group at "
+            "nice 19's weight (`bench/load_browsers.py`; in a class they run on the students' machines, so here "
+            "they get what the server leaves): \"CPU s\" gives what the server and the browsers used while the "
+            "class was there (\"-\" for cells measured before it was recorded). \"load before\" is the machine's "
+            "1-minute load "
             "average when the cell started (other work on the machine slows every number). Cells not listed "
             "were not run.")
     write_section("load", "A class at once: N browser sessions on one demo server", argv, body)
