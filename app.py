@@ -31,6 +31,7 @@ _ui.warm_up()  # once per server: the precomputed presets' runs, refitted from t
 _ui.sidebar()
 st.session_state[_ui.FRAMED] = True  # pages check it: they always run inside this frame
 try:
-    page.run()
+    with _ui.page_run(page.title):  # the operator's page log, when one is set
+        page.run()
 finally:
     st.session_state[_ui.FRAMED] = False

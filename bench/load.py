@@ -60,7 +60,7 @@ def start_server(workdir: Path, precomputed: bool) -> tuple[subprocess.Popen, st
     """The demo app on a loopback port, with its own statistics cache and result store under ``workdir``."""
     env = {**os.environ, "GHOSTED_DEMO": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "GHOSTED_STATS_CACHE": str(workdir / "stats"), "GHOSTED_RESULTS": str(workdir / "results"),
-           "GHOSTED_JOB_LOG": str(workdir / "jobs.jsonl")}
+           "GHOSTED_JOB_LOG": str(workdir / "jobs.jsonl"), "GHOSTED_PAGE_LOG": str(workdir / "pages.jsonl")}
     env.pop("GHOSTED_DEPLOY", None)
     if precomputed:
         copy_precomputed(env, workdir)
@@ -257,6 +257,15 @@ def job_summary(log: Path, skip: int = 0) -> dict:
     return out
 
 
+def busy_page_runs(pages: Path, jobs: Path, since: float) -> dict:
+    """The server's side of page switches: how long it took to draw each page it was asked for after
+    ``since`` (wall clock) while a job was running, from its page log and job log (median, p95, count)."""
+    running = [(j["ended"] - j["seconds"], j["ended"]) for j in map(json.loads, job_lines(jobs)) if j["seconds"]]
+    runs = [r["seconds"] for r in map(json.loads, job_lines(pages))
+            if r["started"] >= since and any(start <= r["started"] < end for start, end in running)]
+    return {"median_s": statistics.median(runs) if runs else None, "p95_s": quantile(runs, 0.95), "count": len(runs)}
+
+
 def run_cell(count: int, choices: str, precomputed: bool) -> dict:
     group = cpu_group(f"ghosted-load-browsers-{os.getpid()}")
     with tempfile.TemporaryDirectory(prefix="ghosted-load-") as tmp:
@@ -269,7 +278,7 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
 
                 def warmed(seconds: float) -> None:  # the class arrives: jobs, time and CPU from here are theirs
                     usage.sample()
-                    warm.update(seconds=seconds, jobs=len(job_lines(log)), at=time.perf_counter(),
+                    warm.update(seconds=seconds, jobs=len(job_lines(log)), at=time.perf_counter(), since=time.time(),
                                 server_cpu=usage.cpu_s("server"), browser_cpu=usage.cpu_s("browsers"))
                 launcher, held_back = low_priority_browser(Path(tmp), CHROMIUM, group)
                 records = asyncio.run(sessions(url, count, choices, server.pid, warmed, launcher))
@@ -280,9 +289,11 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
             if group:
                 remove_group(group[0])
         jobs = job_summary(log, skip=warm.get("jobs", 0))
+        page_runs = busy_page_runs(Path(tmp) / "pages.jsonl", log, warm.get("since", 0.0))
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
             "warm_up_s": warm.get("seconds"), "warm_up_jobs": warm.get("jobs"),
-            "server_idle_mib": idle_mib, "server_peak_mib": usage.peak, **summary(records), "jobs": jobs,
+            "server_idle_mib": idle_mib, "server_peak_mib": usage.peak, **summary(records),
+            "server_page_run": page_runs, "jobs": jobs,
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "server_cpu_s": usage.cpu_s("server") - warm.get("server_cpu", 0.0),
             "browser_cpu_s": usage.cpu_s("browsers") - warm.get("browser_cpu", 0.0), "browsers": held_back,

@@ -28,18 +28,25 @@ def seconds(entry: dict) -> str:
 
 def report_table(results: dict) -> str:
     header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
-              "compared s", "whole flow s", "page switch while jobs run s", "saw their place", "errors",
+              "compared s", "whole flow s", "page switch while jobs run s", "server's page run while jobs run s",
+              "saw their place", "errors",
               "server peak MiB", "jobs computed", "wall / summed job time", "CPU s: server / browsers", "load before"]
     rows = []
     for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
         switch = cell["page_switch"]
         rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no",
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
-                     seconds(cell["total"]), seconds(switch) if switch["count"] else "-",
+                     seconds(cell["total"]), seconds(switch) if switch["count"] else "-", page_runs_text(cell),
                      f"{cell['saw_queue_place']} of {cell['sessions']}", cell["errors"],
                      f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell), cpu_text(cell),
                      f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
     return table(header, rows)
+
+
+def page_runs_text(cell: dict) -> str:
+    """The server's time to draw a page asked for while a job ran, with the count ("-": none, or not logged)."""
+    runs = cell.get("server_page_run") or {"count": 0}
+    return f"{seconds(runs)} ({runs['count']} runs)" if runs["count"] else "-"
 
 
 def jobs_text(cell: dict) -> str:
@@ -81,8 +88,8 @@ def deploy_sentence(results: dict) -> str:
              f"had compared results after {lone['total']['median_s']:.0f} s"]
     for c in sorted(classes, key=lambda c: c["choices"]):
         place = f", {c['saw_queue_place']} of them saw their place in the queue" if c["choices"] == "different" else ""
-        switch = (f", page switches while jobs ran {seconds(c['page_switch'])} s (median / p95)"
-                  if c["page_switch"]["count"] else "")
+        switch = (f", page switches while jobs ran {seconds(c['page_switch'])} s in the browser and "
+                  f"{page_runs_text(c)} s on the server (median / p95)" if c["page_switch"]["count"] else "")
         parts.append(f"{plural(c['sessions'], 'session')} at once with {c['choices']} choices after "
                      f"{c['total']['median_s']:.0f} s (median; 95th percentile {c['total']['p95_s']:.0f} s), "
                      f"{c['total']['finished']} of {c['sessions']} finished, {c['errors']} error(s){place}{switch}, "
@@ -97,7 +104,10 @@ def plural(count: int, word: str) -> str:
 def write_report(results: dict, argv: list[str] | None) -> None:
     body = (report_table(results) + "\n\nTimes are per session, from opening the app (influence) or from the "
             "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
-            "title, while that session's run was being computed. Each cell starts a fresh server and visits it "
+            "title, while that session's run was being computed, as its browser saw it (a held-back browser waits "
+            "for the CPU to draw, see below); \"server's page run\" is the server's own part: how long it took "
+            "to run any page asked for while a job ran (its page log, `GHOSTED_PAGE_LOG`). "
+            "Each cell starts a fresh server and visits it "
             "once before the sessions and waits until it is quiet (untimed: the model loads and the server "
             "computes its warm-up, the precomputed runs, as on a "
             "server that has been up). \"jobs computed\" and the summed job time come from the server's job "

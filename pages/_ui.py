@@ -19,8 +19,8 @@ import streamlit as st
 import torch
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env, heap,
-                                         links, load_any, num_layers, precompute, workbench as wb)
+from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, eventlog, from_env,
+                                         heap, links, load_any, num_layers, precompute, workbench as wb)
 from pages import _restore
 from pages._status import USER_ERRORS, user_errors, wait_text  # noqa: F401 (re-exported: pages call them here)
 from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
@@ -114,6 +114,12 @@ def deployment() -> DeployConfig:
 
 
 model_key = wb.model_key  # a string naming everything that changes the loaded model
+
+
+def page_run(title: str):
+    """Time one page run for the operator's page log (``$GHOSTED_PAGE_LOG``; nothing without it): how long
+    the server took to draw the page, read by ``bench/load.py`` while others' jobs run."""
+    return eventlog.timed(eventlog.log_path("GHOSTED_PAGE_LOG"), page=title)
 
 
 def _release(loaded: LoadedModel) -> None:

@@ -7,7 +7,7 @@ layers and width, a method's help, the criteria's table) and the few actions tha
 (loading the cached model, saving a variant on a workstation).
 """
 
-from ghosted.core import heap
+from ghosted.core import eventlog, heap
 from ghosted.core.progress import Progress
 from ghosted.data.sources import SourceUnavailableError, TextSource
 from ghosted.evaluation.intervals import IntervalConfig
@@ -30,6 +30,7 @@ from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
 __all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus",
            "LoadedModel", "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY",
            "SourceUnavailableError", "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding",
+           "eventlog",
            "format_layers", "from_env", "heap", "help_text", "hidden_size", "label_of", "layer_param_count",
            "links", "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "recipes",
            "removed_shares", "save_recovered", "versions", "with_role", "workbench"]

@@ -28,16 +28,15 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import threading
 import time
-import warnings
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ghosted.core import eventlog
 from ghosted.experiments.store import ResultStore
 
 HISTORY = 20  # durations kept per kind of job for the wait estimate
@@ -62,7 +61,7 @@ def default_threads() -> int:
 def default_log() -> str | None:
     """Where every ended job is logged, one JSON line each (``$GHOSTED_JOB_LOG``), or None: an operator's
     record of what a class asked for and how long it took (``bench/load.py`` reads it)."""
-    return os.environ.get("GHOSTED_JOB_LOG", "").strip() or None
+    return eventlog.log_path("GHOSTED_JOB_LOG")
 
 
 def default_workers(cores: int | None = None, threads_per_job: int = 1) -> int:
@@ -245,13 +244,9 @@ class JobQueue:
         if not self.log:
             return
         ran = None if job.started is None else round(self._clock() - job.started, 3)
-        line = json.dumps({"key": job.key, "kind": job.kind, "state": job.state, "seconds": ran,
-                           "owners": len(job.owners), "ended": round(time.time(), 3)})
-        try:
-            with open(self.log, "a", encoding="utf-8") as out:
-                out.write(line + "\n")
-        except OSError as err:
-            warnings.warn(f"Could not write the job log {self.log} ({err}).", RuntimeWarning, stacklevel=2)
+        record = {"key": job.key, "kind": job.kind, "state": job.state, "seconds": ran, "owners": len(job.owners),
+                  "ended": round(time.time(), 3)}
+        if not eventlog.append(self.log, record):
             self.log = None  # warned once; the jobs go on
 
     def _start_workers(self) -> None:

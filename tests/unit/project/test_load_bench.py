@@ -1,10 +1,14 @@
 """The load benchmark's own parts: what it measures of the server and the browsers, and its report."""
 
+import json
 import os
 import subprocess
 import sys
 import time
 
+import pytest
+
+from bench.load import busy_page_runs
 from bench.load_browsers import cpu_group, low_priority_browser, remove_group
 from bench.load_usage import Usage, cpu_seconds_by_pid, tree_pids
 from bench.load_report import cpu_text, report_table
@@ -60,3 +64,14 @@ def test_the_report_gives_cpu_only_for_cells_that_measured_it():
     measured = {**cell, "server_cpu_s": 20.4, "browser_cpu_s": 6.2}
     assert cpu_text(measured) == "20 / 6"
     assert "20 / 6" in report_table({"cells": {"a": measured}})
+
+
+def test_page_runs_count_only_while_a_job_ran_after_the_class_arrived(tmp_path):
+    jobs, pages = tmp_path / "jobs.jsonl", tmp_path / "pages.jsonl"
+    jobs.write_text("\n".join(json.dumps(j) for j in [{"seconds": 10.0, "ended": 110.0},   # ran 100-110
+                                                      {"seconds": None, "ended": 120.0}]))  # cancelled in the queue
+    pages.write_text("\n".join(json.dumps({"page": "Model", "started": t, "seconds": s})
+                               for t, s in [(90.0, 9.0), (101.0, 0.2), (105.0, 0.4), (111.0, 5.0), (119.0, 7.0)]))
+    runs = busy_page_runs(pages, jobs, since=95.0)
+    assert runs["count"] == 2 and runs["median_s"] == pytest.approx(0.3)
+    assert busy_page_runs(pages, tmp_path / "none.jsonl", since=0.0)["count"] == 0
