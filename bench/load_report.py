@@ -93,8 +93,16 @@ def deploy_sentence(results: dict) -> str:
         parts.append(f"{plural(c['sessions'], 'session')} at once with {c['choices']} choices after "
                      f"{c['total']['median_s']:.0f} s (median; 95th percentile {c['total']['p95_s']:.0f} s), "
                      f"{c['total']['finished']} of {c['sessions']} finished, {c['errors']} error(s){place}{switch}, "
-                     f"the server at most {c['server_peak_mib'] / 1024:.1f} GiB")
+                     f"the server at most {c['server_peak_mib'] / 1024:.1f} GiB{cpu_words(c)}")
     return "; ".join(parts) + ". The full table is in docs/BENCHMARKS.md (section \"A class at once\")."
+
+
+def cpu_words(cell: dict) -> str:
+    """Who used the cores while the class was there (the browsers run on the server's machine here)."""
+    if "server_cpu_s" not in cell:
+        return ""
+    return (f"; meanwhile the server used {cell['server_cpu_s']:.0f} CPU seconds and the "
+            f"{plural(cell['sessions'], 'browser')} on its cores {cell['browser_cpu_s']:.0f}")
 
 
 def plural(count: int, word: str) -> str:

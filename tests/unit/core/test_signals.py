@@ -84,6 +84,7 @@ def test_a_repeated_signal_does_not_interrupt_the_saving_of_finished_work():
     assert saved == ["report"]
 
 
+@pytest.mark.slow  # a real process start (the fast tier has the handler's own tests above)
 def test_sigterm_in_run_writes_the_partial_report_and_exits_143(tmp_path):
     model, out = tiny_model_folder(tmp_path / "model"), tmp_path / "report.json"
     argv = ["run", "--model", model, "--drop", "2-3", "--methods", "dense,none,ghost", "--eval-tokens", "64",

