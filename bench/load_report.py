@@ -20,33 +20,42 @@ def load_results() -> dict:
     return json.loads(RESULTS.read_text()) if RESULTS.exists() else {"cells": {}}
 
 
-def seconds(entry: dict) -> str:
+def seconds(entry: dict, digits: int | None = None) -> str:
+    """Median / p95 in seconds ("-" when nothing was measured); by default one decimal under 10 s."""
     if entry.get("median_s") is None:
         return "-"
-    return f"{entry['median_s']:.0f} / {entry['p95_s']:.0f}"
+    if digits is None:
+        digits = 1 if entry["median_s"] < 10 else 0
+    return f"{entry['median_s']:.{digits}f} / {entry['p95_s']:.{digits}f}"
 
 
 def report_table(results: dict) -> str:
     header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
               "compared s", "whole flow s", "page switch while jobs run s", "server's page run while jobs run s",
-              "saw their place", "errors",
+              "saw the queue's panel / their place", "errors",
               "server peak MiB", "jobs computed", "wall / summed job time", "CPU s: server / browsers", "load before"]
     rows = []
     for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
         switch = cell["page_switch"]
         rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no",
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
-                     seconds(cell["total"]), seconds(switch) if switch["count"] else "-", page_runs_text(cell),
-                     f"{cell['saw_queue_place']} of {cell['sessions']}", cell["errors"],
+                     seconds(cell["total"]), seconds(switch, 1) if switch["count"] else "-", page_runs_text(cell),
+                     saw_text(cell), cell["errors"],
                      f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell), cpu_text(cell),
                      f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
     return table(header, rows)
 
 
+def saw_text(cell: dict) -> str:
+    """Sessions whose browser drew the queue's panel (waiting or running) / saw a place in it, of all."""
+    panel = sum(bool(r.get("queue_text")) for r in cell.get("records", []))
+    return f"{panel} / {cell['saw_queue_place']} of {cell['sessions']}"
+
+
 def page_runs_text(cell: dict) -> str:
     """The server's time to draw a page asked for while a job ran, with the count ("-": none, or not logged)."""
     runs = cell.get("server_page_run") or {"count": 0}
-    return f"{seconds(runs)} ({runs['count']} runs)" if runs["count"] else "-"
+    return f"{seconds(runs, 2)} ({runs['count']} runs)" if runs["count"] else "-"
 
 
 def jobs_text(cell: dict) -> str:
@@ -87,9 +96,14 @@ def deploy_sentence(results: dict) -> str:
              f"mode{', precomputed' if lone['precomputed'] else ''}): a lone visitor following the teaching flow "
              f"had compared results after {lone['total']['median_s']:.0f} s"]
     for c in sorted(classes, key=lambda c: c["choices"]):
-        place = f", {c['saw_queue_place']} of them saw their place in the queue" if c["choices"] == "different" else ""
-        switch = (f", page switches while jobs ran {seconds(c['page_switch'])} s in the browser and "
-                  f"{page_runs_text(c)} s on the server (median / p95)" if c["page_switch"]["count"] else "")
+        place = (f", {saw_text(c).split(' / ')[0]} of them saw the queue's panel before their run was done"
+                 if c["choices"] == "different" else "")
+        switch = (f", page switches while jobs ran {seconds(c['page_switch'], 1)} s (median / p95) in the browser"
+                  if c["page_switch"]["count"] else "")
+        if (c.get("server_page_run") or {}).get("count"):
+            runs = c["server_page_run"]
+            switch += (f", the server drew a page asked for while jobs ran in {seconds(runs, 2)} s "
+                       f"(median / p95 of {runs['count']} pages)")
         parts.append(f"{plural(c['sessions'], 'session')} at once with {c['choices']} choices after "
                      f"{c['total']['median_s']:.0f} s (median; 95th percentile {c['total']['p95_s']:.0f} s), "
                      f"{c['total']['finished']} of {c['sessions']} finished, {c['errors']} error(s){place}{switch}, "
