@@ -18,6 +18,7 @@ in docs/BENCHMARKS.md and the sentence in docs/DEPLOY.md are written from that f
 them without measuring).
 
     python -m bench.load --sessions 1,10 --choices same,different
+    python -m bench.load --sessions 1,10,30 --precomputed --server-cores 2   # on a machine with more cores
     python -m bench.load --report
 """
 
@@ -40,7 +41,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import ROOT, machine, today  # noqa: E402
-from bench.load_browsers import cpu_group, low_priority_browser, remove_group  # noqa: E402
+from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores  # noqa: E402
 from bench.load_usage import Usage, tree_rss_mib, wait_quiet  # noqa: E402
 from bench.load_report import RESULTS, cell_name, load_results, write_report  # noqa: E402
 from tests.e2e.conftest import _free_port, _wait_healthy, stop  # noqa: E402  (the browser tests' server)
@@ -56,8 +57,9 @@ SHOTS = os.environ.get("GHOSTED_LOAD_SHOTS")  # a folder for a screenshot of eac
 
 # --- the server -------------------------------------------------------------------------------------------
 
-def start_server(workdir: Path, precomputed: bool) -> tuple[subprocess.Popen, str]:
-    """The demo app on a loopback port, with its own statistics cache and result store under ``workdir``."""
+def start_server(workdir: Path, precomputed: bool, cores: list[int] | None = None) -> tuple[subprocess.Popen, str]:
+    """The demo app on a loopback port, with its own statistics cache and result store under ``workdir``;
+    given ``cores``, it runs on those alone."""
     env = {**os.environ, "GHOSTED_DEMO": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "GHOSTED_STATS_CACHE": str(workdir / "stats"), "GHOSTED_RESULTS": str(workdir / "results"),
            "GHOSTED_JOB_LOG": str(workdir / "jobs.jsonl"), "GHOSTED_PAGE_LOG": str(workdir / "pages.jsonl")}
@@ -68,7 +70,8 @@ def start_server(workdir: Path, precomputed: bool) -> tuple[subprocess.Popen, st
     server = subprocess.Popen([sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
                                f"--server.port={port}", "--server.address=127.0.0.1",
                                "--browser.gatherUsageStats=false", "--server.fileWatcherType=none"],
-                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, server, limit_s=180)
@@ -266,10 +269,11 @@ def busy_page_runs(pages: Path, jobs: Path, since: float) -> dict:
     return {"median_s": statistics.median(runs) if runs else None, "p95_s": quantile(runs, 0.95), "count": len(runs)}
 
 
-def run_cell(count: int, choices: str, precomputed: bool) -> dict:
+def run_cell(count: int, choices: str, precomputed: bool, server_cores: int | None = None) -> dict:
     group = cpu_group(f"ghosted-load-browsers-{os.getpid()}")
+    split = split_cores(server_cores, sorted(os.sched_getaffinity(0)))
     with tempfile.TemporaryDirectory(prefix="ghosted-load-") as tmp:
-        server, url = start_server(Path(tmp), precomputed)
+        server, url = start_server(Path(tmp), precomputed, split[0] if split else None)
         load_before = os.getloadavg()[0]
         try:
             with Usage(server.pid) as usage:
@@ -280,7 +284,7 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
                     usage.sample()
                     warm.update(seconds=seconds, jobs=len(job_lines(log)), at=time.perf_counter(), since=time.time(),
                                 server_cpu=usage.cpu_s("server"), browser_cpu=usage.cpu_s("browsers"))
-                launcher, held_back = low_priority_browser(Path(tmp), CHROMIUM, group)
+                launcher, held_back = low_priority_browser(Path(tmp), CHROMIUM, group, split[1] if split else None)
                 records = asyncio.run(sessions(url, count, choices, server.pid, warmed, launcher))
                 wall = time.perf_counter() - warm["at"]
                 usage.sample()
@@ -297,7 +301,8 @@ def run_cell(count: int, choices: str, precomputed: bool) -> dict:
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "server_cpu_s": usage.cpu_s("server") - warm.get("server_cpu", 0.0),
             "browser_cpu_s": usage.cpu_s("browsers") - warm.get("browser_cpu", 0.0), "browsers": held_back,
-            "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count(), "commit": commit()}
+            "records": records, "date": today(), "machine": machine(), "cores": os.cpu_count(),
+            "server_cores": server_cores, "commit": commit()}
 
 
 def commit() -> str:
@@ -311,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sessions", default="1,10", help="comma list of session counts")
     p.add_argument("--choices", default="same,different", help="comma list of same and different")
     p.add_argument("--precomputed", action="store_true", help="run scripts/precompute.py before the sessions")
+    p.add_argument("--server-cores", type=int, default=None,
+                   help="pin the server to this many cores and the browsers to the rest (default: they share all)")
     p.add_argument("--report", action="store_true", help="only rewrite the docs from bench/results/load.json")
     args = p.parse_args(argv)
     results = load_results()
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
                 if choices not in ("same", "different"):
                     raise SystemExit(f"--choices: same or different, got {choices!r}")
                 print(f"== {count} session(s), {choices} choices", file=sys.stderr)
-                cell = run_cell(count, choices, args.precomputed)
+                cell = run_cell(count, choices, args.precomputed, args.server_cores)
                 results["cells"][cell_name(cell)] = cell
                 RESULTS.parent.mkdir(parents=True, exist_ok=True)
                 RESULTS.write_text(json.dumps(results, indent=1))  # each cell kept as soon as it is measured

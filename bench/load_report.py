@@ -13,7 +13,8 @@ DEPLOY = ROOT / "docs" / "DEPLOY.md"
 
 
 def cell_name(cell: dict) -> str:
-    return f"{cell['sessions']}-{cell['choices']}{'-precomputed' if cell['precomputed'] else ''}"
+    pinned = f"-server-on-{cell['server_cores']}-cores" if cell.get("server_cores") else ""
+    return f"{cell['sessions']}-{cell['choices']}{'-precomputed' if cell['precomputed'] else ''}{pinned}"
 
 
 def load_results() -> dict:
@@ -30,20 +31,27 @@ def seconds(entry: dict, digits: int | None = None) -> str:
 
 
 def report_table(results: dict) -> str:
-    header = ["sessions", "choices", "precomputed", "influence s (median / p95)", "recovered run s",
-              "compared s", "whole flow s", "page switch while jobs run s", "server's page run while jobs run s",
-              "saw the queue's panel / their place", "errors",
+    header = ["sessions", "choices", "precomputed", "cores: server / browsers", "influence s (median / p95)",
+              "recovered run s", "compared s", "whole flow s", "page switch while jobs run s",
+              "server's page run while jobs run s", "saw the queue's panel / their place", "errors",
               "server peak MiB", "jobs computed", "wall / summed job time", "CPU s: server / browsers", "load before"]
     rows = []
     for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
         switch = cell["page_switch"]
-        rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no",
+        rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no", cores_text(cell),
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
                      seconds(cell["total"]), seconds(switch, 1) if switch["count"] else "-", page_runs_text(cell),
                      saw_text(cell), cell["errors"],
                      f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell), cpu_text(cell),
                      f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
     return table(header, rows)
+
+
+def cores_text(cell: dict) -> str:
+    """Where the server and the browsers ran: pinned apart, or sharing every core."""
+    if cell.get("server_cores"):
+        return f"{cell['server_cores']} / {cell['cores'] - cell['server_cores']}"
+    return f"{cell['cores']} shared"
 
 
 def saw_text(cell: dict) -> str:
@@ -89,10 +97,13 @@ def deploy_sentence(results: dict) -> str:
         return ("`python -m bench.load` has not yet measured a session that finished the flow on this machine; "
                 "see docs/BENCHMARKS.md (section \"A class at once\") for what was run.")
     precomputed = [c for c in cells if c["precomputed"]] or cells
+    precomputed = [c for c in precomputed if c.get("server_cores")] or precomputed  # browsers apart: closer to a class
     lone = min(precomputed, key=lambda c: (c["sessions"], c["choices"] != "same"))
     largest = max(c["sessions"] for c in precomputed)
     classes = [c for c in precomputed if c["sessions"] == largest and c is not lone]
-    parts = [f"Measured with `python -m bench.load` on {lone['cores']} cores ({lone['date']}, the server in demo "
+    where = (f"the server on {lone['server_cores']} of {lone['cores']} cores and the browsers on the others"
+             if lone.get("server_cores") else f"{lone['cores']} cores shared by the server and the browsers")
+    parts = [f"Measured with `python -m bench.load` on {where} ({lone['date']}, the server in demo "
              f"mode{', precomputed' if lone['precomputed'] else ''}): a lone visitor following the teaching flow "
              f"had compared results after {lone['total']['median_s']:.0f} s"]
     for c in sorted(classes, key=lambda c: c["choices"]):

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from bench.load import busy_page_runs
-from bench.load_browsers import cpu_group, low_priority_browser, remove_group
+from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores
 from bench.load_usage import Usage, cpu_seconds_by_pid, tree_pids
-from bench.load_report import cpu_text, report_table
+from bench.load_report import cell_name, cores_text, cpu_text, report_table
 
 
 def test_usage_counts_the_server_tree_apart_from_the_rest(tmp_path):
@@ -59,7 +59,7 @@ def test_the_report_gives_cpu_only_for_cells_that_measured_it():
     cell = {"sessions": 1, "choices": "same", "precomputed": True, "influence": {"median_s": 5, "p95_s": 5},
             "recovered": {"median_s": 4, "p95_s": 4}, "compared": {"median_s": 3, "p95_s": 3},
             "total": {"median_s": 12, "p95_s": 12}, "page_switch": {"count": 0}, "saw_queue_place": 0,
-            "errors": 0, "server_peak_mib": 1700.0, "jobs": {}, "wall_s": 12.0, "job_seconds": 0}
+            "errors": 0, "server_peak_mib": 1700.0, "jobs": {}, "wall_s": 12.0, "job_seconds": 0, "cores": 2}
     assert cpu_text(cell) == "-"
     measured = {**cell, "server_cpu_s": 20.4, "browser_cpu_s": 6.2}
     assert cpu_text(measured) == "20 / 6"
@@ -75,3 +75,24 @@ def test_page_runs_count_only_while_a_job_ran_after_the_class_arrived(tmp_path):
     runs = busy_page_runs(pages, jobs, since=95.0)
     assert runs["count"] == 2 and runs["median_s"] == pytest.approx(0.3)
     assert busy_page_runs(pages, tmp_path / "none.jsonl", since=0.0)["count"] == 0
+
+
+def test_cores_split_between_the_server_and_the_browsers():
+    assert split_cores(None, [0, 1]) is None
+    assert split_cores(2, list(range(16))) == ([0, 1], list(range(2, 16)))
+    with pytest.raises(SystemExit, match="between 1 and 1"):
+        split_cores(2, [0, 1])
+
+
+def test_the_launcher_pins_the_browser_to_its_cores(tmp_path):
+    launcher, words = low_priority_browser(tmp_path, "/bin/sh", None, cores=[0])
+    out = subprocess.run([launcher, "-c", "grep Cpus_allowed_list /proc/self/status"], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.split()[-1] == "0" and "1 cores of their own" in words
+
+
+def test_the_report_names_where_the_server_and_browsers_ran():
+    assert cores_text({"cores": 2}) == "2 shared"
+    assert cores_text({"cores": 16, "server_cores": 2}) == "2 / 14"
+    assert cell_name({"sessions": 30, "choices": "same", "precomputed": True, "server_cores": 2}) == \
+        "30-same-precomputed-server-on-2-cores"
