@@ -42,3 +42,15 @@ def test_the_loaded_model_is_out_of_the_collectors_sight(app):
     open_page(app, "model")
     no_exception(app)
     assert gc.get_freeze_count() > 100_000  # the model and its libraries: hundreds of thousands of objects
+
+
+def test_each_page_run_is_in_the_operators_page_log(app, monkeypatch, tmp_path):
+    """With $GHOSTED_PAGE_LOG set, every page run is one JSON line with the page and the server's seconds."""
+    import json
+
+    log = tmp_path / "pages.jsonl"
+    monkeypatch.setenv("GHOSTED_PAGE_LOG", str(log))
+    open_page(app, "model")
+    no_exception(app)
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert lines and lines[-1]["page"] == "Model" and lines[-1]["seconds"] >= 0
