@@ -1,7 +1,7 @@
-"""Plotly figures and display tables of the app, built from the library's tidy frames.
+"""Plotly figures and display tables of the app, built from the library's typed results and tidy frames.
 
-Nothing here computes model quantities: every number comes from ``ghosted`` (influence reports,
-``RecoveryRun`` frames, perplexity results); this module only shapes and draws them.
+Nothing here computes: every number comes from ``ghosted`` (influence reports, ``RecoveryRun`` frames, the
+evaluation's ``VariantTable``, zero-shot's ``ZeroShot``); this module only draws them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ghosted.experiments.frontend import BASELINE_METHOD, METHODS, TRAINED_METHODS, label_of, removed_shares
+from ghosted.experiments.frontend import BASELINE_METHOD, METHODS, label_of, removed_shares, workbench as wb
 
 PRUNED = label_of(BASELINE_METHOD)  # "pruned": the plainly pruned model's label
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
@@ -49,136 +49,53 @@ def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: st
     return fig
 
 
-def perplexity_bars(table: pd.DataFrame) -> go.Figure:
-    """Perplexity of each variant on a log axis (pruning can raise it a hundredfold)."""
-    bars = {}
-    if {"ppl_low", "ppl_high"} <= set(table):  # the 95 % interval as error bars (none where unknown)
-        bars["error_y"] = dict(type="data", symmetric=False, visible=True,
-                               array=(table.ppl_high - table.ppl).fillna(0).tolist(),
-                               arrayminus=(table.ppl - table.ppl_low).fillna(0).tolist())
-    fig = go.Figure(go.Bar(x=table.label.tolist(), y=table.ppl.tolist(),
-                           text=[f"{v:,.2f}" for v in table.ppl], textposition="outside",
-                           marker_color=[_color(v) for v in table.label], **bars))
+def perplexity_bars(table: wb.VariantTable) -> go.Figure:
+    """Perplexity of each variant on a log axis (pruning can raise it a hundredfold), 95 % intervals as bars."""
+    bars, errors = {}, table.ppl_error_bars()
+    if errors is not None:  # none where no interval was drawn
+        bars["error_y"] = dict(type="data", symmetric=False, visible=True, array=errors[0], arrayminus=errors[1])
+    ppl = [r.ppl for r in table.rows]
+    fig = go.Figure(go.Bar(x=table.labels, y=ppl, text=[f"{v:,.2f}" for v in ppl], textposition="outside",
+                           marker_color=[_color(v) for v in table.labels], **bars))
     fig.update_layout(title="Perplexity (lower is better; bars: 95 % interval)", yaxis_type="log",
                       yaxis_title="perplexity", **LAYOUT)
     return fig
 
 
-def span(low, high, digits: int = 2) -> str:
-    """An interval as "[low, high]"; "" when it is not known."""
-    known = not any(v is None or pd.isna(v) for v in (low, high))
-    return f"[{low:,.{digits}f}, {high:,.{digits}f}]" if known else ""
-
-
-def difference_cell(row, base: str) -> str:
-    """The paired Δppl from ``base`` with its interval, "ns" where the interval holds zero; "" if not measured."""
-    value = row.get(f"d_{base}")
-    if value is None or pd.isna(value):
-        return ""
-    significant = row.get(f"d_{base}_significant")
-    mark = " ns" if significant is False or significant == 0 else ""  # a stored False may read back as 0
-    return f"{value:+,.2f} {span(row.get(f'd_{base}_low'), row.get(f'd_{base}_high'))}{mark}".strip()
-
-
-def interval_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The Compare page's perplexity table: perplexity with its 95 % interval, the paired differences
-    from the pruned model and from ghost ("ns": not significant), KL from dense and top-1 agreement."""
-    rows = [row for _, row in table.iterrows()]
-    out = pd.DataFrame({"label": table.label.tolist(), "ppl": table.ppl.tolist(),
-                        "95 % interval": [span(r.get("ppl_low"), r.get("ppl_high")) for r in rows],
-                        f"Δ vs {PRUNED}": [difference_cell(r, BASELINE_METHOD) for r in rows],
-                        "Δ vs ghost": [difference_cell(r, "ghost") for r in rows]})
-    if "kl" in table:
-        out["KL from dense"] = table.kl.tolist()
-        out["top-1 agreement %"] = (100 * table.top1).round(2).tolist()
-    out["nll"] = table.nll.tolist()
-    return out if (out["Δ vs ghost"] != "").any() else out.drop(columns="Δ vs ghost")
-
-
-TRAINED = TRAINED_METHODS  # fitted by gradient steps, not in closed form (the registry's closed_form)
-
-
-def frontier_points(table: pd.DataFrame) -> pd.DataFrame:
-    """Each fitted method's parameters added (over the pruned model) and perplexity, and how it was fitted.
-
-    ``table``: the Compare page's evaluation table (``method``, ``label``, ``ppl``, ``parameters``).
-    """
-    base = table.set_index("label").loc[PRUNED, "parameters"]
-    fitted = table[~table.label.isin(["dense", PRUNED])]
-    return pd.DataFrame({"label": fitted.label.tolist(),
-                         "parameters added": [int(n - base) for n in fitted.parameters],
-                         "ppl": fitted.ppl.tolist(),
-                         "fit": ["trained" if m in TRAINED else "closed form" for m in fitted.method]})
-
-
-def frontier_scatter(table: pd.DataFrame) -> go.Figure:
+def frontier_scatter(table: wb.VariantTable) -> go.Figure:
     """The recovery frontier: parameters added against perplexity, closed-form fits and trained ones apart,
     the pruned model as the reference line (no parameters added)."""
-    points = frontier_points(table)
+    points = table.frontier()
     fig = go.Figure()
     for fit, symbol in (("closed form", "circle"), ("trained", "diamond")):
-        part = points[points.fit == fit]
-        fig.add_trace(go.Scatter(x=part["parameters added"].tolist(), y=part.ppl.tolist(), name=fit,
-                                 mode="markers+text", text=part.label.tolist(), textposition="top center",
-                                 marker=dict(symbol=symbol, size=11, color=[_color(v) for v in part.label]),
+        part = [p for p in points if p.fit == fit]
+        labels = [p.label for p in part]
+        fig.add_trace(go.Scatter(x=[p.added for p in part], y=[p.ppl for p in part], name=fit,
+                                 mode="markers+text", text=labels, textposition="top center",
+                                 marker=dict(symbol=symbol, size=11, color=[_color(v) for v in labels]),
                                  hovertemplate="%{text}: %{x:,} parameters, perplexity %{y:.2f}<extra></extra>"))
-    pruned = float(table.set_index("label").loc[PRUNED, "ppl"])
-    fig.add_hline(y=pruned, line_dash="dot", line_color=_color(PRUNED), annotation_text="pruned, no recovery")
+    fig.add_hline(y=table.row(PRUNED).ppl, line_dash="dot", line_color=_color(PRUNED),
+                  annotation_text="pruned, no recovery")
     fig.update_layout(title="Recovery frontier: parameters added against perplexity (lower left is better)",
                       xaxis_title="parameters added to the pruned model", yaxis_title="perplexity", **LAYOUT)
     return fig
 
 
-def accuracy_table(frame: pd.DataFrame, intervals: bool = False) -> pd.DataFrame:
-    """Accuracy per variant (rows, ``label``) and task (columns), in %, plus "average" over tasks when there
-    are several; ``intervals``: each task's 95 % interval beside it ("<task> 95 %").
-
-    ``frame`` is a ``ghosted.evaluation.zeroshot.TaskRun.frame``: model, task, metric, value, stderr, low,
-    high (fractions).
-    """
-    acc = frame[frame.metric == "acc"]
-    models, tasks = list(dict.fromkeys(acc.model)), list(dict.fromkeys(acc.task))
-    table = acc.pivot_table(index="model", columns="task", values="value", sort=False) * 100
-    table = table.reindex(index=models, columns=tasks)
-    average = table.mean(axis=1)
-    table = table.round(2)
-    if intervals and {"low", "high"} <= set(acc):
-        for task in tasks:
-            rows = acc[acc.task == task].set_index("model")
-            cells = [span(100 * rows.low.get(m), 100 * rows.high.get(m)) if m in rows.index else "" for m in models]
-            table.insert(table.columns.get_loc(task) + 1, f"{task} 95 %", cells)
-    if len(tasks) > 1:
-        table["average"] = average.round(2)
-    return table.rename_axis(index="label", columns=None).reset_index()
-
-
-def accuracy_bars(frame: pd.DataFrame) -> go.Figure:
-    """Accuracy of each variant, one group of bars per task (and the average), stderr as error bars."""
-    acc = frame[frame.metric == "acc"]
+def accuracy_bars(scored: wb.ZeroShot) -> go.Figure:
+    """Accuracy of each variant, one group of bars per task (and the average), 95 % intervals as bars."""
     fig = go.Figure()
-    tasks = list(dict.fromkeys(acc.task))
-    for task in tasks:
-        rows = acc[acc.task == task]
-        fig.add_trace(go.Bar(x=rows.model.tolist(), y=(100 * rows.value).tolist(), name=task,
-                             error_y=_accuracy_bars(rows),
-                             hovertemplate="%{x}: %{y:.1f} %<extra>" + task + "</extra>"))
-    if len(tasks) > 1:
-        mean = acc.groupby("model", sort=False).value.mean()
-        fig.add_trace(go.Bar(x=list(mean.index), y=(100 * mean).tolist(), name="average",
-                             marker_color="#444", hovertemplate="%{x}: %{y:.1f} %<extra>average</extra>"))
+    for group in scored.bars():
+        if group.above is None:  # the average over tasks
+            fig.add_trace(go.Bar(x=group.labels, y=group.values, name=group.name, marker_color="#444",
+                                 hovertemplate="%{x}: %{y:.1f} %<extra>average</extra>"))
+            continue
+        fig.add_trace(go.Bar(x=group.labels, y=group.values, name=group.name,
+                             error_y=dict(type="data", symmetric=False, visible=True, array=group.above,
+                                          arrayminus=group.below),
+                             hovertemplate="%{x}: %{y:.1f} %<extra>" + group.name + "</extra>"))
     fig.update_layout(title="Zero-shot accuracy (higher is better; bars: 95 % interval)", barmode="group",
                       yaxis_title="accuracy (%)", yaxis_range=[0, 100], **LAYOUT)
     return fig
-
-
-def _accuracy_bars(rows: pd.DataFrame) -> dict:
-    """Error bars of one task's accuracies (in %): the 95 % interval; ±1.96·stderr where none is stored."""
-    if {"low", "high"} <= set(rows):
-        low, high = rows.low.fillna(rows.value - 1.96 * rows.stderr), rows.high.fillna(rows.value + 1.96 * rows.stderr)
-    else:  # a result stored before the intervals
-        low, high = rows.value - 1.96 * rows.stderr, rows.value + 1.96 * rows.stderr
-    return dict(type="data", symmetric=False, visible=True, array=(100 * (high - rows.value)).fillna(0).tolist(),
-                arrayminus=(100 * (rows.value - low)).fillna(0).tolist())
 
 
 def spectra_lines(spectra: pd.DataFrame, gap: str) -> go.Figure:

@@ -45,7 +45,7 @@ def show_perplexity(result: wb.Evaluation) -> None:
                   f"tokens scored: {p.get('scored_tokens'):,} in {p.get('n_windows')} windows of "
                   f"{p.get('seq_len')}  \nBOS: {p.get('bos')}  \ndtype: {p.get('dtype')} · device: "
                   f"{p.get('device')}")
-    st.dataframe(_charts.interval_table(table), hide_index=True,
+    st.dataframe(table.interval_rows(), hide_index=True,
                  column_config={"ppl": st.column_config.NumberColumn(format="%.3f"),
                                 "KL from dense": st.column_config.NumberColumn(format="%.4f"),
                                 "nll": st.column_config.NumberColumn(format="%.4f")})
@@ -60,7 +60,7 @@ def show_perplexity(result: wb.Evaluation) -> None:
 def show_frontier(result: wb.Evaluation) -> None:
     """Parameters added against perplexity for every fitted method: what each recovery costs in size."""
     table = result.table
-    if "parameters" not in table or len(table) < 3:  # an evaluation from before this chart, or nothing fitted
+    if not table.has_frontier:  # nothing fitted, or an evaluation stored without parameter counts
         return
     st.subheader("The recovery frontier")
     st.plotly_chart(_charts.frontier_scatter(table), key="frontier_chart")
@@ -131,12 +131,11 @@ def show_zeroshot(scored: wb.ZeroShot) -> None:
     """Accuracy bars with error bars, the table (average over tasks when several), the protocol."""
     for note in scored.notes:
         st.info(note, icon=":material/cloud_off:")
-    frame = scored.frame
-    if frame.empty:
+    if scored.frame.empty:
         return
     chart, side = st.columns([3, 2])
-    chart.plotly_chart(_charts.accuracy_bars(frame), key="zeroshot_chart")
-    side.dataframe(_charts.accuracy_table(frame, intervals=True), hide_index=True)
+    chart.plotly_chart(_charts.accuracy_bars(scored), key="zeroshot_chart")
+    side.dataframe(scored.table(intervals=True), hide_index=True)
     side.markdown("**Protocol**  \n" + "  \n".join(
         f"{p['task']} v{p.get('version')}: {p.get('examples')} examples, {p.get('num_fewshot')}-shot, "
         f"{'/'.join(p.get('metrics') or [p.get('metric')])}, scored by {p.get('scorer')}"
@@ -208,8 +207,7 @@ def evaluation_section(stored: wb.FittedRun) -> None:
     if evaluated := _ui.answer(_ui.EVALUATION, "Scoring every variant"):
         show_perplexity(evaluated)
         st.subheader("Size and speed")
-        st.dataframe(evaluated.table[["label", "parameters (M)", "memory (MB)", "latency (ms)", "eval_seconds"]],
-                     hide_index=True)
+        st.dataframe(evaluated.table.size_rows(), hide_index=True)
         st.caption(f"Latency: the faster of 2 forward passes (after a warm-up) over {LATENCY_TOKENS} tokens, "
                    "on this machine now.")
         show_frontier(evaluated)

@@ -73,7 +73,7 @@ evaluated = stored.evaluation
 st.subheader("Results")
 cols = st.columns(3)
 if evaluated:
-    cols[0].download_button("Perplexity table (CSV)", evaluated.table.to_csv(index=False),
+    cols[0].download_button("Perplexity table (CSV)", evaluated.table.frame().to_csv(index=False),
                             "ghosted_perplexity.csv", "text/csv")
 else:
     cols[0].caption("Evaluate perplexity on the Compare page to export it.")

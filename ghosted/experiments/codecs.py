@@ -11,11 +11,11 @@ import math
 
 import pandas as pd
 
+from ghosted.experiments.comparison import VariantTable
 from ghosted.experiments.results import Evaluation, Generations, Influence, ZeroShot
 
 BLOCK_COLUMNS = ("metric", "start", "n", "end", "value")  # InfluenceReport.blocks
 LAYER_COLUMNS = ("metric", "layer", "value")  # InfluenceReport.layers
-TABLE_COLUMNS = ("method", "label", "ppl", "nll")  # Evaluation.table: the columns every reader needs
 
 
 def _mapping(data, *names: str) -> dict:
@@ -63,15 +63,12 @@ def decode_influence(data) -> Influence:
 
 
 def encode_evaluation(result: Evaluation) -> dict:
-    return {"table": _records(result.table), "protocol": result.protocol}
+    return {"table": result.table.records(), "protocol": result.protocol}
 
 
 def decode_evaluation(data) -> Evaluation:
     data = _mapping(data, "table", "protocol")
-    table = _frame(data["table"], TABLE_COLUMNS)
-    if not all(isinstance(v, (int, float)) for v in table.ppl):
-        raise ValueError("a perplexity is not a number")
-    return Evaluation(table, _mapping(data["protocol"]))
+    return Evaluation(VariantTable.from_records(data["table"]), _mapping(data["protocol"]))
 
 
 def encode_zeroshot(result: ZeroShot) -> dict:

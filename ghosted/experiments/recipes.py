@@ -42,7 +42,7 @@ def recipe(lm, fitted: FittedRun, evaluation: Evaluation | None) -> dict:
 def report(lm, fitted: FittedRun, evaluation: Evaluation | None) -> dict:
     """The full report: the recipe, perplexities with their intervals, the gap errors and the asymmetry."""
     return {"recipe": recipe(lm, fitted, evaluation),
-            "perplexity": evaluation.table.to_dict("records") if evaluation else None,
+            "perplexity": evaluation.table.frame().to_dict("records") if evaluation else None,
             "gap_errors": fitted.frames["errors"].to_dict("records"),
             "asymmetry": fitted.frames["asymmetry"].to_dict("records")}
 

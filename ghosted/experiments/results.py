@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
+from ghosted.experiments.comparison import VariantTable, span
 from ghosted.experiments.spec import ExperimentSpec
 
 
@@ -24,20 +25,77 @@ class Influence:
 
 @dataclass(frozen=True)
 class Evaluation:
-    """Perplexity, size and latency of every variant, and the evaluation protocol."""
+    """Perplexity, fidelity to dense, size and latency of every variant, and the evaluation protocol."""
 
-    table: pd.DataFrame  # one row per variant
+    table: VariantTable  # one typed row per variant
     protocol: dict  # source, part, windows, tokens scored, dtype, device
+
+
+@dataclass(frozen=True)
+class AccuracyBars:
+    """One group of the accuracy chart: a task (or the average over tasks), one bar per variant, in %."""
+
+    name: str  # the task, or "average"
+    labels: list  # the variants
+    values: list  # accuracy (%)
+    above: list | None  # the 95 % interval above and below each value (%); None: not drawn (the average)
+    below: list | None
 
 
 @dataclass(frozen=True)
 class ZeroShot:
     """Zero-shot accuracy of every variant."""
 
-    frame: pd.DataFrame  # accuracy per variant and task
+    frame: pd.DataFrame  # accuracy per variant and task (TaskRun.frame: model, task, metric, value, stderr,
+    # low, high; fractions)
     protocols: dict  # task -> its protocol
     skipped: dict  # task -> why it was skipped
     notes: list  # one line per skipped task
+
+    @property
+    def accuracy(self) -> pd.DataFrame:
+        """The rows of the accuracy metric (one per variant and task)."""
+        return self.frame[self.frame.metric == "acc"] if len(self.frame) else self.frame
+
+    def table(self, intervals: bool = False) -> pd.DataFrame:
+        """Accuracy per variant (rows, ``label``) and task (columns), in %, plus "average" over tasks when
+        there are several; ``intervals``: each task's 95 % interval beside it ("<task> 95 %")."""
+        acc = self.accuracy
+        models, tasks = list(dict.fromkeys(acc.model)), list(dict.fromkeys(acc.task))
+        table = acc.pivot_table(index="model", columns="task", values="value", sort=False) * 100
+        table = table.reindex(index=models, columns=tasks)
+        average = table.mean(axis=1)
+        table = table.round(2)
+        if intervals and {"low", "high"} <= set(acc):
+            for task in tasks:
+                rows = acc[acc.task == task].set_index("model")
+                cells = [span(100 * rows.low.get(m), 100 * rows.high.get(m)) if m in rows.index else ""
+                         for m in models]
+                table.insert(table.columns.get_loc(task) + 1, f"{task} 95 %", cells)
+        if len(tasks) > 1:
+            table["average"] = average.round(2)
+        return table.rename_axis(index="label", columns=None).reset_index()
+
+    def bars(self) -> list[AccuracyBars]:
+        """The accuracy chart's groups: one per task with its 95 % interval (±1.96 standard errors where
+        none is stored), then the average over tasks when there are several."""
+        acc = self.accuracy
+        tasks = list(dict.fromkeys(acc.task))
+        groups = [_task_bars(task, acc[acc.task == task]) for task in tasks]
+        if len(tasks) > 1:
+            mean = acc.groupby("model", sort=False).value.mean()
+            groups.append(AccuracyBars("average", list(mean.index), (100 * mean).tolist(), None, None))
+        return groups
+
+
+def _task_bars(task: str, rows: pd.DataFrame) -> AccuracyBars:
+    """One task's accuracies (in %) with the 95 % interval; ±1.96·stderr where none is stored."""
+    if {"low", "high"} <= set(rows):
+        low, high = rows.low.fillna(rows.value - 1.96 * rows.stderr), rows.high.fillna(rows.value + 1.96 * rows.stderr)
+    else:  # a result stored before the intervals
+        low, high = rows.value - 1.96 * rows.stderr, rows.value + 1.96 * rows.stderr
+    return AccuracyBars(task, rows.model.tolist(), (100 * rows.value).tolist(),
+                        (100 * (high - rows.value)).fillna(0).tolist(), (100 * (rows.value - low)).fillna(0).tolist())
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,10 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-import pandas as pd
-
 from ghosted import __version__
 from ghosted.data.sources import TextSource
 from ghosted.experiments import codecs
+from ghosted.experiments.comparison import VariantTable
 from ghosted.experiments.deploy import DeployConfig
 from ghosted.experiments.spec import CalibrationSpec, ExperimentSpec
 from ghosted.experiments.results import Evaluation, FittedRun, Generations, Influence, ZeroShot
@@ -254,15 +253,15 @@ class EvalRequest(_Request):
         table = session.evaluate(session_run(fitted))
         models = session.models(session_run(fitted))
         prompt = next(iter(session.evaluation().texts.values())).input_ids[:1, :LATENCY_TOKENS]  # (1, T)
-        extra = []
+        sizes = []
         for i, model in enumerate(models.values()):
             if progress is not None:
                 progress("latency", i, len(models))
             facts = describe(model)
-            extra.append({"parameters (M)": round(facts["parameters"] / 1e6, 2), "memory (MB)": facts["memory_mb"],
+            sizes.append({"parameters (M)": round(facts["parameters"] / 1e6, 2), "memory (MB)": facts["memory_mb"],
                           "latency (ms)": round(1e3 * forward_latency(model, prompt, repeats=2), 1)})
-        frame = pd.concat([table.frame(), pd.DataFrame(extra)], axis=1)
-        return Evaluation(frame, dict(table.rows[0].protocol))
+        rows = VariantTable.from_records([{**r, **size} for r, size in zip(table.records(), sizes)])
+        return Evaluation(rows, dict(table.rows[0].protocol))
 
 
 def session_run(fitted: FittedRun):

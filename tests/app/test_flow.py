@@ -59,7 +59,7 @@ def test_perplexity_table(flow):
     open_page(flow, "compare")
     no_exception(flow)
     assert not errors(flow)
-    table = run_of(flow).evaluation.table.set_index("label")
+    table = run_of(flow).evaluation.table.frame().set_index("label")
     assert list(table.index) == ["dense", "pruned", *METHODS]
     assert (table.ppl > 1).all()
     assert table.ppl["dense"] < table.ppl["pruned"]  # four layers gone always cost something
@@ -70,18 +70,18 @@ def test_perplexity_table(flow):
 
 
 def test_perplexity_table_shows_intervals_paired_differences_and_fidelity(flow):
-    from pages import _charts
+    from ghosted.experiments.comparison import span
 
     open_page(flow, "compare")
-    table = run_of(flow).evaluation.table
+    table = run_of(flow).evaluation.table.frame()
     assert {"ppl_low", "ppl_high", "kl", "top1", "d_none", "d_none_significant", "d_ghost"} <= set(table)
     assert ((table.ppl_low <= table.ppl) & (table.ppl <= table.ppl_high)).all()
     shown = flow.dataframe[0].value
-    assert list(shown.columns) == list(_charts.interval_table(table).columns)
+    assert list(shown.columns) == list(run_of(flow).evaluation.table.interval_rows().columns)
     rows = table.set_index("label")
     for _, cell in shown.iterrows():
         row = rows.loc[cell.label]
-        assert cell["95 % interval"] == _charts.span(row.ppl_low, row.ppl_high)
+        assert cell["95 % interval"] == span(row.ppl_low, row.ppl_high)
         if cell.label != "pruned":
             assert cell["Δ vs pruned"].endswith(" ns") == (not row.d_none_significant)
     assert shown["KL from dense"].tolist() == pytest.approx(table.kl.tolist())
@@ -92,7 +92,7 @@ def test_perplexity_table_shows_intervals_paired_differences_and_fidelity(flow):
 
 def test_perplexity_figure_matches_table(flow):
     open_page(flow, "compare")
-    table = run_of(flow).evaluation.table
+    table = run_of(flow).evaluation.table.frame()
     bars = figures(flow)[0]
     assert bars["data"][0]["type"] == "bar"
     assert bars["data"][0]["x"] == list(table.label)
@@ -103,7 +103,7 @@ def test_perplexity_figure_matches_table(flow):
 
 def test_frontier_figure_matches_the_evaluated_parameters(flow):
     open_page(flow, "compare")
-    table = run_of(flow).evaluation.table.set_index("label")
+    table = run_of(flow).evaluation.table.frame().set_index("label")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert (closed["name"], trained["name"]) == ("closed form", "trained")
@@ -184,7 +184,7 @@ def test_learn_fills_its_texts_with_the_runs_numbers(flow):
     no_exception(flow)
     shown = [e.value for kind in ("markdown", "caption", "info", "warning") for e in flow.get(kind)]
     assert not [text for text in shown if re.search(r"\{[A-Za-z_]\w*(:[^}]*)?\}", text)]
-    table = run_of(flow).evaluation.table.set_index("label")
+    table = run_of(flow).evaluation.table.frame().set_index("label")
     expected = [_assets.learn("stream", "intro", width=576, layers=30),
                 _assets.learn("pruning", "missing", layers="20-23", gap="20-23", end=24),
                 _assets.learn("pruning", "perplexity", dense=table.ppl["dense"],
@@ -195,7 +195,7 @@ def test_learn_fills_its_texts_with_the_runs_numbers(flow):
 
 def test_learn_shows_the_frontier_of_the_run(flow):
     open_page(flow, "learn")
-    table = run_of(flow).evaluation.table.set_index("label")
+    table = run_of(flow).evaluation.table.frame().set_index("label")
     frontier = next(f for f in figures(flow) if "frontier" in f["layout"]["title"]["text"])
     closed, trained = frontier["data"]
     assert closed["text"] == METHODS and not trained.get("x")

@@ -3,18 +3,21 @@
 import pandas as pd
 import pytest
 
+from ghosted.experiments.comparison import VariantTable
 from pages import _charts
 
 
-def _table() -> pd.DataFrame:
-    return pd.DataFrame({"method": ["dense", "none", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
+def _table() -> VariantTable:
+    frame = pd.DataFrame({"method": ["dense", "none", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
                          "label": ["dense", "pruned", "ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"],
                          "ppl": [20.0, 55.0, 45.0, 47.0, 50.0, 44.0],
-                         "parameters": [1000, 700, 1100, 800, 700, 1300]})
+                         "parameters": [1000, 700, 1100, 800, 700, 1300], "nll": [3.0, 4.0, 3.8, 3.85, 3.9, 3.78]})
+    return VariantTable.from_records(frame.to_dict("records"))
 
 
 def test_points_are_parameters_added_over_the_pruned_model():
-    points = _charts.frontier_points(_table()).set_index("label")
+    points = pd.DataFrame([{"label": p.label, "parameters added": p.added, "ppl": p.ppl, "fit": p.fit}
+                           for p in _table().frontier()]).set_index("label")
     assert list(points.index) == ["ghost", "ghost-lowrank", "prunecomp", "streamline-ffn"]  # dense, pruned out
     assert points["parameters added"].tolist() == [400, 100, 0, 600]
     assert points.ppl.tolist() == [45.0, 47.0, 50.0, 44.0]

@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pytest
 
+from ghosted.experiments.comparison import VariantTable
 from pages import _charts
 
 
@@ -21,8 +22,13 @@ def _table() -> pd.DataFrame:
         "d_ghost_high": [-8.0, 30.0, nan, 0.4], "d_ghost_significant": [True, True, None, False]})
 
 
+def typed(frame: pd.DataFrame) -> VariantTable:
+    """The evaluation's typed table from a frame of its records (NaN: not measured)."""
+    return VariantTable.from_records(frame.to_dict("records"))
+
+
 def test_each_perplexity_has_its_interval_and_each_difference_says_if_it_is_significant():
-    shown = _charts.interval_table(_table()).set_index("label")
+    shown = typed(_table()).interval_rows().set_index("label")
     assert shown.ppl.tolist() == [20.0, 55.0, 30.0, 29.5]
     assert shown.loc["ghost", "95 % interval"] == "[28.00, 32.00]"
     assert shown.loc["ghost", "Δ vs pruned"] == "-25.00 [-28.00, -22.00]"  # significant: no mark
@@ -34,14 +40,14 @@ def test_each_perplexity_has_its_interval_and_each_difference_says_if_it_is_sign
 
 def test_a_table_without_intervals_still_shows():
     table = _table()[["method", "label", "ppl", "nll"]]
-    shown = _charts.interval_table(table)
+    shown = typed(table).interval_rows()
     assert list(shown.columns) == ["label", "ppl", "95 % interval", "Δ vs pruned", "nll"]
     assert (shown["95 % interval"] == "").all()
-    assert "error_y" not in _charts.perplexity_bars(table).to_dict()["data"][0]
+    assert "error_y" not in _charts.perplexity_bars(typed(table)).to_dict()["data"][0]
 
 
 def test_the_bars_carry_the_interval_as_error_bars():
     table = _table()
-    (bars,) = _charts.perplexity_bars(table).to_dict()["data"]
+    (bars,) = _charts.perplexity_bars(typed(table)).to_dict()["data"]
     assert bars["error_y"]["array"] == pytest.approx((table.ppl_high - table.ppl).tolist())
     assert bars["error_y"]["arrayminus"] == pytest.approx((table.ppl - table.ppl_low).tolist())

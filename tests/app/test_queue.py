@@ -135,7 +135,7 @@ def test_a_link_reopens_the_run_and_the_compare_page_gives_it(monkeypatch):
     assert at.session_state[_ui.SELECTION] == [20, 21]
     fitted = run_of(at)
     assert fitted.methods == ["none", "ghost"] and fitted.evaluation is not None
-    assert list(fitted.evaluation.table.label) == ["dense", "pruned", "ghost"]
+    assert fitted.evaluation.table.labels == ["dense", "pruned", "ghost"]
     open_page(at, "compare")
     no_exception(at)
     (link,) = [c.value for c in at.code if "layers=" in c.value]

@@ -70,9 +70,9 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
         run = run_of(at)
         assert run.layers == layers and run.methods == ["none", *methods]
         assert set(run.run.results) == {"none", *methods} and run.run.dropped == layers
-        table = run_of(at).evaluation.table.set_index("label")
+        table = run_of(at).evaluation.table.frame().set_index("label")
         assert list(table.index) == ["dense", "pruned", *methods]
-    table_a, table_b = (run_of(at).evaluation.table.set_index("label") for at in (a, b))
+    table_a, table_b = (run_of(at).evaluation.table.frame().set_index("label") for at in (a, b))
     assert table_a.ppl["dense"] == pytest.approx(table_b.ppl["dense"], rel=1e-6)  # same model
     assert table_a.ppl["pruned"] != pytest.approx(table_b.ppl["pruned"], rel=1e-3)
     assert table_a["parameters (M)"]["pruned"] > table_b["parameters (M)"]["pruned"]  # 2 layers vs 3 gone
@@ -84,7 +84,7 @@ def test_two_sessions_keep_their_own_results_and_leave_the_shared_model_unchange
         assert any(f"Layers {', '.join(map(str, layers))} dropped" in c.value for c in at.caption)
         shown = next(d.value for d in at.dataframe if "ppl" in d.value.columns)
         assert list(shown.label) == ["dense", "pruned", *methods]
-        assert list(shown.ppl) == pytest.approx(list(run_of(at).evaluation.table.ppl))
+        assert list(shown.ppl) == pytest.approx(list(run_of(at).evaluation.table.frame().ppl))
 
     assert load_cached(**a.session_state[MODEL]).model is model  # still the same cached object
     assert fingerprint(model) == before

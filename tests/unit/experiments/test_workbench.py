@@ -61,7 +61,7 @@ def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     assert fitted.methods == ["none", "ghost"] and fitted.layers == layers and fitted.evaluation is None
     assert set(fitted.frames) >= {"errors", "spectra", "asymmetry"}
     evaluation = wb.EvalRequest(fit=fit, tokens=96, window=24).compute(lm, fitted)
-    assert list(evaluation.table.label) == ["dense", "pruned", "ghost"]
+    assert evaluation.table.labels == ["dense", "pruned", "ghost"]
     assert fitted.with_results(evaluation=evaluation).evaluation is evaluation and fitted.evaluation is None
 
     store = wb.shared_store(folder=tmp_path)
@@ -74,7 +74,7 @@ def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     assert again.report.layer_values("block_influence").tolist() == pytest.approx(
         measured.report.layer_values("block_influence").tolist())
     assert wb.apply_preset(again.report, "Streamline block of n", 2)[0] == layers
-    assert fresh.get("evaluate-1").table.ppl.tolist() == pytest.approx(evaluation.table.ppl.tolist())
+    assert fresh.get("evaluate-1").table.frame().ppl.tolist() == pytest.approx(evaluation.table.frame().ppl.tolist())
     assert fresh.get(fit.key()) is None
 
 
