@@ -9,9 +9,9 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ghosted.experiments.frontend import BASELINE_METHOD, METHODS, label_of, removed_shares, workbench as wb
+from ghosted.experiments.frontend import METHODS, comparison, label_of, removed_shares, workbench as wb
 
-PRUNED = label_of(BASELINE_METHOD)  # "pruned": the plainly pruned model's label
+PRUNED = comparison.PRUNED  # "pruned": the plainly pruned model's label
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines
 LAYOUT = dict(margin=dict(l=10, r=10, t=40, b=10), height=360, legend=dict(orientation="h", y=-0.2))
 
@@ -49,7 +49,7 @@ def layer_bars(layers: pd.DataFrame, metric: str, selected: list[int], prune: st
     return fig
 
 
-def perplexity_bars(table: wb.VariantTable) -> go.Figure:
+def perplexity_bars(table: comparison.VariantTable) -> go.Figure:
     """Perplexity of each variant on a log axis (pruning can raise it a hundredfold), 95 % intervals as bars."""
     bars, errors = {}, table.ppl_error_bars()
     if errors is not None:  # none where no interval was drawn
@@ -62,7 +62,7 @@ def perplexity_bars(table: wb.VariantTable) -> go.Figure:
     return fig
 
 
-def frontier_scatter(table: wb.VariantTable) -> go.Figure:
+def frontier_scatter(table: comparison.VariantTable) -> go.Figure:
     """The recovery frontier: parameters added against perplexity, closed-form fits and trained ones apart,
     the pruned model as the reference line (no parameters added)."""
     points = table.frontier()

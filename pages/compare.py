@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import IntervalConfig, parse_tasks, workbench as wb
+from ghosted.experiments.frontend import IntervalConfig, lessons, parse_tasks, workbench as wb
 from pages import _assets, _charts, _fidelity, _restore, _text, _ui
 
 LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant
@@ -96,10 +96,7 @@ def show_sinks(stored: wb.FittedRun) -> None:
     if report is None or not len(report):
         return
     with st.expander("Attention sinks at each gap (why ghost-robust exists)"):
-        shown = report.assign(delta_share=(100 * report.delta_share).round(2),
-                              xtx_share=(100 * report.xtx_share).round(2))
-        st.dataframe(shown.rename(columns={"delta_share": "share of ‖Δ‖² %", "xtx_share": "share of XᵀX %"}),
-                     hide_index=True)
+        st.dataframe(lessons.sink_table(report), hide_index=True)
         st.caption("Sink tokens: the first token of each window (and, if set, tokens whose norm exceeds a "
                    "multiple of the median). RMS norms are of X (entering the removed block) and Y (leaving "
                    "it). The Learn page explains what a large share does to the paper's fit.")

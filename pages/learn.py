@@ -6,11 +6,8 @@ apply and fills them with the numbers of the stored run (``pages/_assets.learn``
 
 import streamlit as st
 
-from ghosted.experiments.frontend import (directions_holding, format_layers, hidden_size, num_layers, parse_layers,
-                                         removed_shares, workbench as wb)
+from ghosted.experiments.frontend import comparison, hidden_size, lessons, num_layers, workbench as wb
 from pages import _assets, _charts, _fidelity, _ui
-
-ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"
 
 
 def say(step: str, part: str, **numbers) -> str:
@@ -25,9 +22,7 @@ def step_stream(lm, influence: wb.Influence | None) -> None:
     st.latex(r"h_{\ell+1} = h_\ell + f_\ell(h_\ell)")
     st.markdown(say("stream", "consequence"))
     report = influence.report if influence else None
-    if report is not None and len(report.layers):
-        metrics = list(dict.fromkeys(report.layers.metric))
-        metric = "block_influence" if "block_influence" in metrics else metrics[0]
+    if metric := lessons.stream_metric(report):
         st.plotly_chart(_charts.layer_bars(report.layers, metric, _ui.selection()), key="learn_layers")
         st.caption(say("stream", "influence", metric=metric))
     else:
@@ -37,26 +32,19 @@ def step_stream(lm, influence: wb.Influence | None) -> None:
 def step_pruning(lm, stored: wb.FittedRun) -> None:
     """The discrepancy Δ a gap leaves, sized on the user's tokens and perplexities."""
     st.header("2 · What pruning breaks")
-    errors, spectra = stored.frames["errors"], stored.frames["spectra"]
-    gap = spectra.gap.iloc[0]  # the first gap, in the drop notation ("12-18")
-    fit = errors[errors.split == "fit"]
-    tokens = int(fit.tokens.iloc[0]) if "tokens" in fit else stored.protocol["tokens"]
-    st.markdown(say("pruning", "missing", layers=format_layers(stored.layers), gap=gap,
-                    end=parse_layers(gap)[-1] + 1))
+    told = lessons.pruning(stored)
+    st.markdown(say("pruning", "missing", layers=told.layers, gap=told.gap, end=told.end))
     st.latex(r"\Delta = Y - X \qquad (%d \text{ tokens} \times %d \text{ numbers on your calibration text})"  # noqa: UP031
-             % (tokens, hidden_size(lm.model)))
-    if (gaps := errors.gap.nunique()) > 1:
-        st.markdown(say("pruning", "gaps", gaps=gaps))
-    if stored.evaluation:
-        ppl = stored.evaluation.table.set_index("label").ppl
-        st.markdown(say("pruning", "perplexity", dense=ppl["dense"], pruned=ppl["pruned"]))
+             % (told.tokens, hidden_size(lm.model)))
+    if told.gaps > 1:
+        st.markdown(say("pruning", "gaps", gaps=told.gaps))
+    if told.dense_ppl is not None:
+        st.markdown(say("pruning", "perplexity", dense=told.dense_ppl, pruned=told.pruned_ppl))
     else:
         st.caption(say("pruning", "no_perplexity"))
     accuracy_cost(stored)
-    delta = spectra[(spectra.gap == gap) & (spectra.method == "pruned")].singular_value
-    top = directions_holding(delta, ENERGY_SHARE)
-    st.markdown(say("pruning", "spread" if top > len(delta) // 10 else "concentrated", top=top,
-                    directions=len(delta), share=ENERGY_SHARE))
+    st.markdown(say("pruning", "spread" if told.spread else "concentrated", top=told.top,
+                    directions=told.directions, share=told.share))
 
 
 def accuracy_cost(stored: wb.FittedRun) -> None:
@@ -65,16 +53,12 @@ def accuracy_cost(stored: wb.FittedRun) -> None:
     if not scored or scored.frame.empty:
         st.caption(say("pruning", "no_accuracy"))
         return
-    table = _charts.accuracy_table(scored.frame).set_index("label")
-    column = "average" if "average" in table else table.columns[0]
-    acc = table[column]
-    if "dense" not in acc or "pruned" not in acc:
+    cost = lessons.accuracy_cost(scored)
+    if cost is None:
         return
-    scope = "averaged over your tasks" if column == "average" else column
-    text = say("pruning", "accuracy", scope=scope, dense=acc["dense"], pruned=acc["pruned"])
-    recovered = [v for v in acc.index if v not in ("dense", "pruned")]
-    if recovered:
-        listing = ", ".join(f"{v} **{acc[v]:.1f} %**" for v in recovered)
+    text = say("pruning", "accuracy", scope=cost.scope, dense=cost.dense, pruned=cost.pruned)
+    if cost.recovered:
+        listing = ", ".join(f"{v} **{acc:.1f} %**" for v, acc in cost.recovered.items())
         text += " " + say("pruning", "accuracy_recovered", recovered=listing)
     st.markdown(text)
 
@@ -87,12 +71,10 @@ def step_least_squares(stored: wb.FittedRun) -> None:
              r"= X^\top \Delta, \qquad W = I + M")
     width = hidden_size(stored.run.results["none"].model)
     st.markdown(say("least_squares", "statistics", width=width))
-    table = removed_shares(stored.frames["errors"]).set_index("method")
-    if "ghost" in table.index:
-        row, solve = table.loc["ghost"], stored.run.results["ghost"].solve_seconds
-        text = say("least_squares", "ghost", solve=solve, fit=row["fit"])
-        if "heldout" in row:
-            text += " " + say("least_squares", "ghost_heldout", heldout=row["heldout"])
+    if ghost := lessons.ghost_fit(stored):
+        text = say("least_squares", "ghost", solve=ghost.solve, fit=ghost.fit)
+        if ghost.heldout is not None:
+            text += " " + say("least_squares", "ghost_heldout", heldout=ghost.heldout)
         st.markdown(text)
     else:
         st.warning(say("least_squares", "no_ghost"))
@@ -105,15 +87,12 @@ def step_restricted(stored: wb.FittedRun) -> None:
     """Why smaller families of maps (LinearPatch, ReplaceMe) leave more of Δ behind."""
     st.header("4 · Why restricted operators do worse")
     st.markdown(say("restricted", "intro"))
-    errors = stored.frames["errors"]
-    if len(set(errors.method) - {"pruned"}) > 1:
-        st.plotly_chart(_charts.removed_bars(errors), key="learn_removed")
+    if lessons.several_fits(stored):
+        st.plotly_chart(_charts.removed_bars(stored.frames["errors"]), key="learn_removed")
     else:
         st.warning(say("restricted", "one_method"))
-    asym = stored.frames["asymmetry"]
-    ghost = asym[asym.method == "ghost"] if len(asym) else asym
-    if len(ghost):
-        st.markdown(say("restricted", "asymmetry", share=float(ghost.energy_ratio.iloc[0])))
+    if (share := lessons.ghost_asymmetry(stored)) is not None:
+        st.markdown(say("restricted", "asymmetry", share=share))
 
 
 def step_frontier(stored: wb.FittedRun) -> None:
@@ -121,71 +100,58 @@ def step_frontier(stored: wb.FittedRun) -> None:
     st.header("5 · The recovery frontier: what each recovery costs in size")
     width = hidden_size(stored.run.results["none"].model)
     st.markdown(say("frontier", "intro", full=width * width, width=width))
-    fitted = [m for m in stored.methods if m != "none"]
-    table = stored.evaluation.table if stored.evaluation else None
-    if len(fitted) < 2:
+    told = lessons.frontier(stored)
+    if told.fitted < 2:
         st.info(say("frontier", "one_method"), icon=":material/scatter_plot:")
         return
-    if table is None or "parameters" not in table:
-        st.caption(say("frontier", "not_evaluated", count=len(fitted)))
+    if not told.evaluated:
+        st.caption(say("frontier", "not_evaluated", count=told.fitted))
         return
-    st.plotly_chart(_charts.frontier_scatter(table), key="learn_frontier")
+    st.plotly_chart(_charts.frontier_scatter(stored.evaluation.table), key="learn_frontier")
     st.caption(say("frontier", "caption"))
-    points = _charts.frontier_points(table)
-    pruned = float(table.set_index("label").ppl["pruned"])
-    closed, trained = (points[points.fit == fit].nsmallest(1, "ppl") for fit in ("closed form", "trained"))
-    text = [say("frontier", "closed_form", pruned=pruned, **best_of(closed))] if len(closed) else []
-    text.append(say("frontier", "trained", **best_of(trained)) if len(trained) else say("frontier", "no_trained"))
+    text = [say("frontier", "closed_form", pruned=told.pruned_ppl, **best_of(told.closed))] if told.closed else []
+    text.append(say("frontier", "trained", **best_of(told.trained)) if told.trained else say("frontier", "no_trained"))
     st.markdown(" ".join(text))
 
 
-def best_of(points) -> dict:
-    """The numbers of a frontier point (a one-row frame of ``frontier_points``) for its sentence."""
-    row = points.iloc[0]
-    return {"method": row.label, "perplexity": float(row.ppl), "added": int(row["parameters added"])}
+def best_of(point: comparison.FrontierPoint) -> dict:
+    """The numbers of a frontier point for its sentence."""
+    return {"method": point.label, "perplexity": point.ppl, "added": point.added}
 
 
 def step_sinks(stored: wb.FittedRun) -> None:
     """The attention sink: one token that can carry most of Δ, and what the robust fit does about it."""
     st.header("6 · One token can carry the whole mismatch: the attention sink")
-    frames = stored.frames
-    shares, positions, spectra = frames.get("token_shares"), frames.get("positions"), frames.get("sink_spectra")
-    if shares is None or not len(shares):
+    told = lessons.sinks(stored)
+    if told is None:
         st.caption(say("sinks", "no_report"))
         return
-    gap = shares.gap.iloc[0]
-    sink = shares[(shares.gap == gap) & (shares.tokens == "sink")].iloc[0]
-    other = shares[(shares.gap == gap) & (shares.tokens == "other")].iloc[0]
     st.markdown(say("sinks", "intro"))
-    report = frames.get("sinks")
-    if report is not None and len(report):
-        row = report[report.gap == gap].iloc[0]
-        st.markdown(say("sinks", "norms", gap=gap, sink_x=row.sink_rms_norm_x, sink_y=row.sink_rms_norm_y,
-                        other_x=row.other_rms_norm_x, other_y=row.other_rms_norm_y))
-    ratio = sink.per_token_share / max(other.per_token_share, 1e-300)
-    st.markdown(say("sinks", "shares", count=int(sink["count"]), share=sink.delta_share,
-                    fraction=sink["count"] / (sink["count"] + other["count"]),
-                    times=f"{ratio:,.0f}" if ratio >= 10 else f"{ratio:.1f}"))
+    if told.norms:
+        st.markdown(say("sinks", "norms", gap=told.gap, sink_x=told.norms["sink_x"], sink_y=told.norms["sink_y"],
+                        other_x=told.norms["other_x"], other_y=told.norms["other_y"]))
+    st.markdown(say("sinks", "shares", count=told.count, share=told.share, fraction=told.fraction,
+                    times=told.times))
+    positions, spectra = stored.frames.get("positions"), stored.frames.get("sink_spectra")
     if positions is not None and len(positions):
-        st.plotly_chart(_charts.position_share_bars(positions, gap), key="learn_positions")
+        st.plotly_chart(_charts.position_share_bars(positions, told.gap), key="learn_positions")
     if spectra is not None and len(spectra):
-        st.plotly_chart(_charts.sink_spectra_lines(spectra, gap), key="learn_sink_spectra")
+        st.plotly_chart(_charts.sink_spectra_lines(spectra, told.gap), key="learn_sink_spectra")
         st.caption(say("sinks", "spectra"))
-    st.markdown(say("sinks", "dominated" if sink.delta_share > 0.5 else "modest"))
+    st.markdown(say("sinks", "dominated" if told.dominated else "modest"))
     robust_perplexities(stored)
-    choices = frames.get("choices")
-    if choices is not None and len(choices) and "chosen" in choices:
-        st.dataframe(choices[choices.method == "ghost-auto"][["gap", "chosen", "reason"]], hide_index=True)
+    choices = lessons.auto_choices(stored)
+    if choices is not None:
+        st.dataframe(choices, hide_index=True)
 
 
 def robust_perplexities(stored: wb.FittedRun) -> None:
     """The user's perplexities of the paper's fit and the sink-aware ones, or what to fit to see them."""
-    fitted = [m for m in ("ghost", "ghost-robust", "ghost-auto") if m in stored.methods]
-    if stored.evaluation and len(fitted) > 1:
-        ppl = stored.evaluation.table.set_index("method").ppl
-        listing = ", ".join(f"{m} **{ppl[m]:.2f}**" for m in fitted if m in ppl)
+    ppl = lessons.sink_aware_perplexities(stored)
+    if ppl is not None:
+        listing = ", ".join(f"{m} **{v:.2f}**" for m, v in ppl.items())
         st.markdown(say("sinks", "perplexities", listing=listing))
-    elif "ghost-robust" not in fitted and "ghost-auto" not in fitted:
+    elif lessons.needs_sink_aware(stored):
         st.info(say("sinks", "try_robust"))
 
 

@@ -12,25 +12,23 @@ from ghosted.core.progress import Progress
 from ghosted.data.sources import SourceUnavailableError, TextSource
 from ghosted.evaluation.intervals import IntervalConfig
 from ghosted.evaluation.zeroshot import parse_tasks
-from ghosted.experiments import links, precompute, probes, recipes, workbench
+from ghosted.experiments import comparison, lessons, links, precompute, probes, recipes, workbench
 from ghosted.experiments.deploy import DeployConfig, from_env
 from ghosted.experiments.jobs import JobQueue, JobStatus
 from ghosted.experiments.spec_flags import command
 from ghosted.models.architecture import describe, hidden_size, layer_param_count, num_layers
 from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.models.loading import LoadedModel, ModelLoadError, versions
-from ghosted.models.pruning import format_layers, parse_layers
+from ghosted.models.pruning import format_layers
 from ghosted.operators.checkpoint import load_any, save_recovered
-from ghosted.recovery.diagnostics import directions_holding, removed_shares
+from ghosted.recovery.diagnostics import removed_shares
 from ghosted.recovery.fitting import METHODS
-from ghosted.recovery.methods import (BASELINE_METHOD, RECOVERY, TRAINED_METHODS, help_text, label_of,
-                                      with_role)
+from ghosted.recovery.methods import RECOVERY, help_text, label_of, with_role
 from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
 
-__all__ = ["BASELINE_METHOD", "BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus",
-           "LoadedModel", "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY",
-           "SourceUnavailableError", "TRAINED_METHODS", "TextSource", "command", "describe", "directions_holding",
-           "eventlog",
-           "format_layers", "from_env", "heap", "help_text", "hidden_size", "label_of", "layer_param_count",
-           "links", "load_any", "num_layers", "parse_layers", "parse_tasks", "precompute", "probes", "recipes",
-           "removed_shares", "save_recovered", "versions", "with_role", "workbench"]
+__all__ = ["BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus", "LoadedModel",
+           "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
+           "TextSource", "command", "comparison", "describe", "eventlog", "format_layers", "from_env", "heap",
+           "help_text", "hidden_size", "label_of", "layer_param_count", "lessons", "links", "load_any", "num_layers",
+           "parse_tasks", "precompute", "probes", "recipes", "removed_shares", "save_recovered", "versions",
+           "with_role", "workbench"]
