@@ -152,16 +152,6 @@ def removed_bars(errors: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def error_table(errors: pd.DataFrame, run) -> pd.DataFrame:
-    """One row per fitted method: % of ‖Δ‖² removed (fit, held-out) and solve time."""
-    table = removed_shares(errors).rename(columns={"fit": "removed (fit) %", "heldout": "removed (held-out) %"})
-    for column in ("removed (fit) %", "removed (held-out) %"):
-        if column in table:
-            table[column] = (100 * table[column]).round(1)
-    table["solve s"] = [round(run.results[m].solve_seconds, 3) for m in table.method]
-    return table
-
-
 def _color(variant: str) -> str:
     """One stable colour per variant across every chart (methods in ``METHODS`` order)."""
     fixed = {"dense": "#2ca02c", PRUNED: "#7f7f7f", "none": "#7f7f7f", "ghost": "#6C4AB6"}

@@ -117,7 +117,7 @@ def show_tokens(view: probes.TokenView, where: str) -> None:
     st.caption(TOKEN_HELP)
     frame = view.frame
     for variant in view.variants:
-        change = float(frame[f"{variant} Δ"].mean())
+        change = view.mean_change(variant)
         st.markdown(f"**{variant}** · mean change {change:+.3f} nats over {len(frame)} tokens")
         st.markdown(token_html(frame, variant, view.losses.reference), unsafe_allow_html=True)
     left, right = st.columns(2)
@@ -166,8 +166,7 @@ def lens_cell(token, p, answer) -> str:
 
 def lens_html(view: probes.LensView) -> str:
     """The lens as an HTML table: one row per boundary, one column per variant, the cut's rows shaded."""
-    frame = view.frame.set_index("boundary")
-    answer = frame.loc[view.depth, view.variants[0]] if view.depth in frame.index else None
+    frame, answer = view.frame.set_index("boundary"), view.answer
     head = "".join(f'<th style="{STYLE_CELL}">{escape(v)}</th>' for v in ("boundary", *view.variants))
     rows = []
     for boundary, row in frame.iterrows():

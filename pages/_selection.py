@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ghosted.experiments.frontend import format_layers, layer_param_count, num_layers
+from ghosted.experiments.frontend import format_layers, num_layers, removed_share
 
 SELECTION = "ghosted.selection"  # list[int]: the layers to drop
 
@@ -28,12 +28,6 @@ def check_selection(model, layers: list[int]) -> None:
         raise ValueError("Choose at least one layer to drop (Influence page) first.")
     if len(set(layers)) >= num_layers(model):
         raise ValueError(f"That drops all {num_layers(model)} layers: keep at least one.")
-
-
-def removed_share(model, layers: list[int]) -> float:
-    """Share of the model's parameters that dropping ``layers`` removes."""
-    total = sum(p.numel() for p in model.parameters())
-    return sum(layer_param_count(model, i) for i in layers) / max(total, 1)
 
 
 def selection_text(model, layers: list[int]) -> str:

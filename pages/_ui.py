@@ -24,7 +24,7 @@ from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, P
 from pages import _restore
 from pages._status import USER_ERRORS, user_errors, wait_text  # noqa: F401 (re-exported: pages call them here)
 from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
-    SELECTION, check_selection, removed_share, selection, selection_text, set_selection)
+    SELECTION, check_selection, selection, selection_text, set_selection)
 
 MODEL = "ghosted.model"  # dict: the load arguments chosen on the Model page
 INFO = "ghosted.model_info"  # dict: facts about the loaded model, for the sidebar badge

@@ -2,9 +2,9 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import (METHODS, RECOVERY, format_layers, help_text, hidden_size, num_layers,
+from ghosted.experiments.frontend import (METHODS, RECOVERY, format_layers, help_text, lessons, num_layers,
                                           with_role, workbench as wb)
-from pages import _charts, _restore, _text, _ui
+from pages import _restore, _text, _ui
 
 DEFAULTS = wb.FitRequest()  # the page's defaults: what the precompute script stores
 METHOD_HELP = help_text(with_role(METHODS, RECOVERY))  # from the registry, ghosted.recovery.methods
@@ -65,16 +65,16 @@ def summary(stored: wb.FittedRun) -> None:
                f"({proto['part']} part, seed {proto.get('seed')}); {stored.seconds:.1f} s in all"
                + "".join(f"; {name} statistics {how}" for name, how in getattr(run, "statistics", {}).items())
                + ".")
-    st.dataframe(_charts.error_table(stored.frames["errors"], run), hide_index=True)
+    told = lessons.fit_summary(stored)
+    st.dataframe(told.errors, hide_index=True)
     st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
                "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")
-    tokens, width = proto["n_windows"] * proto["seq_len"], hidden_size(run.results["none"].model)
     for message in run.warnings:  # ill-conditioned fits, one per gap
         st.warning(message, icon=":material/warning:")
-    if tokens < 4 * width and not run.warnings:
-        st.warning(f"Only {tokens:,} calibration tokens for a {width}-wide stream: the {width} x {width} "
-                   "operators overfit (good on the fitted windows, poor on held-out ones). Use at least "
-                   f"{4 * width:,} tokens, e.g. more sequences.", icon=":material/warning:")
+    if told.overfits and not run.warnings:
+        st.warning(f"Only {told.tokens:,} calibration tokens for a {told.width}-wide stream: the {told.width} x "
+                   f"{told.width} operators overfit (good on the fitted windows, poor on held-out ones). Use at "
+                   f"least {told.wanted:,} tokens, e.g. more sequences.", icon=":material/warning:")
     st.page_link("pages/compare.py", label="Next: compare perplexity, spectra and generations",
                  icon=":material/arrow_forward:")
 

@@ -16,7 +16,7 @@ from ghosted.experiments import comparison, lessons, links, precompute, probes, 
 from ghosted.experiments.deploy import DeployConfig, from_env
 from ghosted.experiments.jobs import JobQueue, JobStatus
 from ghosted.experiments.spec_flags import command
-from ghosted.models.architecture import describe, hidden_size, layer_param_count, num_layers
+from ghosted.models.architecture import describe, hidden_size, num_layers, removed_share
 from ghosted.models.assets import BUNDLED_MODEL
 from ghosted.models.loading import LoadedModel, ModelLoadError, versions
 from ghosted.models.pruning import format_layers
@@ -29,6 +29,6 @@ from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
 __all__ = ["BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus", "LoadedModel",
            "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
            "TextSource", "command", "comparison", "describe", "eventlog", "format_layers", "from_env", "heap",
-           "help_text", "hidden_size", "label_of", "layer_param_count", "lessons", "links", "load_any", "num_layers",
-           "parse_tasks", "precompute", "probes", "recipes", "removed_shares", "save_recovered", "versions",
+           "help_text", "hidden_size", "label_of", "lessons", "links", "load_any", "num_layers", "parse_tasks",
+           "precompute", "probes", "recipes", "removed_share", "removed_shares", "save_recovered", "versions",
            "with_role", "workbench"]

@@ -1,10 +1,11 @@
-"""The numbers the Learn page tells, typed: each step's facts read from the user's own run.
+"""What the pages tell of a fitted run, typed: the Learn page's facts, step by step, and the fit's tables.
 
 The Learn page explains the method step by step with the user's fitted run (``results.FittedRun``) and
 its measurements. Everything it says with a number comes from one function here (which gap, how many
 directions hold most of Δ, what the ghost fit removed, the best point of the frontier, the sink's share,
 ...), so the page only fills its texts (``assets/learn/``) and draws; every rule deciding which sentence
-applies (a spread or a concentrated Δ, a sink that dominates) is a property here.
+applies (a spread or a concentrated Δ, a sink that dominates, too few tokens for the width) is a property
+here. The Recover and Compare pages' tables of the fit (removed shares, sinks) come from here too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pandas as pd
 
 from ghosted.experiments.comparison import PRUNED, REFERENCE_LABEL, FrontierPoint
 from ghosted.experiments.results import FittedRun, ZeroShot
+from ghosted.models.architecture import hidden_size
 from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.recovery.diagnostics import directions_holding, removed_shares
 
@@ -23,6 +25,38 @@ SPREAD_FRACTION = 10  # Δ is "spread" when more than 1/10 of the directions hol
 DOMINANT_SHARE = 0.5  # a sink "dominates" when it carries more than half of ‖Δ‖²
 SINK_AWARE = ("ghost", "ghost-robust", "ghost-auto")  # the paper's fit and the sink-aware ones
 AUTO = "ghost-auto"  # the method that chooses a fit per gap
+TOKENS_PER_WIDTH = 4  # fewer calibration tokens than this many times the width: a d x d operator overfits
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """The Recover page's summary of a run: what each method removed, and whether the tokens were enough."""
+
+    errors: pd.DataFrame  # one row per fitted method: % of ‖Δ‖² removed (fit, held-out), solve seconds
+    tokens: int  # calibration tokens fitted on
+    width: int  # the residual stream's width d
+
+    @property
+    def wanted(self) -> int:
+        """The fewest calibration tokens a d x d operator wants (TOKENS_PER_WIDTH x d)."""
+        return TOKENS_PER_WIDTH * self.width
+
+    @property
+    def overfits(self) -> bool:
+        """Whether the tokens are too few for the width (good on the fitted windows, poor on held-out ones)."""
+        return self.tokens < self.wanted
+
+
+def fit_summary(fitted: FittedRun) -> FitSummary:
+    """The removed shares (in %, rounded) with each method's solve time, the tokens and the width."""
+    table = removed_shares(fitted.frames["errors"]).rename(columns={"fit": "removed (fit) %",
+                                                                    "heldout": "removed (held-out) %"})
+    for column in ("removed (fit) %", "removed (held-out) %"):
+        if column in table:
+            table[column] = (100 * table[column]).round(1)
+    table["solve s"] = [round(fitted.run.results[m].solve_seconds, 3) for m in table.method]
+    proto = fitted.protocol
+    return FitSummary(table, proto["n_windows"] * proto["seq_len"], hidden_size(fitted.run.results["none"].model))
 
 
 def stream_metric(report) -> str | None:

@@ -80,6 +80,10 @@ class TokenView:
         """Every variant compared with dense: the pruned one first, then each recovered one."""
         return (self.cut, *self.recovered)
 
+    def mean_change(self, variant: str) -> float:
+        """``variant``'s loss change from dense's, averaged over the tokens read (nats)."""
+        return float(self.frame[f"{variant} Δ"].mean())
+
     def hurt(self, k: int = SHOWN) -> pd.DataFrame:
         """The ``k`` tokens whose loss the cut raised most above the dense model's."""
         return self.losses.most_hurt(self.cut, k)
@@ -119,6 +123,12 @@ class LensView:
     removed: tuple[int, ...]  # the dropped layers: the cut models have no stream entering them
     tokens: tuple[str, ...]  # the prompt's tokens; the prediction is for the one after the last
     depth: int  # the dense model's layer count: boundary ``depth`` is after the last layer
+
+    @property
+    def answer(self) -> str | None:
+        """The dense model's own prediction (its last boundary); None when the frame lacks that row."""
+        rows = self.frame[self.frame.boundary == self.depth]
+        return rows[self.variants[0]].iloc[0] if len(rows) else None
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,12 @@ def layer_param_count(model: nn.Module, layer: int) -> int:
     return sum(p.numel() for p in layers_of(model)[layer].parameters())
 
 
+def removed_share(model: nn.Module, layers) -> float:
+    """Share of the model's parameters that dropping ``layers`` removes."""
+    total = sum(p.numel() for p in model.parameters())
+    return sum(layer_param_count(model, i) for i in layers) / max(total, 1)
+
+
 def describe(model: nn.Module) -> dict:
     """Facts about a loaded model for display: family, layers, width, parameters, memory, device."""
     params = list(model.parameters())

@@ -12,7 +12,7 @@ import pytest
 from ghosted.experiments import lessons
 from ghosted.experiments import workbench as wb
 from ghosted.experiments.results import ZeroShot
-from ghosted.recovery.diagnostics import directions_holding
+from ghosted.recovery.diagnostics import directions_holding, removed_shares
 from tests.tiny import tiny_loaded
 
 FIT = dict(model="tiny", layers=(2, 3), n_seqs=4, seq_len=24, heldout=2, methods=("ghost", "ghost-auto"), batch=2)
@@ -73,6 +73,17 @@ def test_sinks_and_the_sink_aware_fits(run):
     assert lessons.sink_aware_perplexities(replace(run, methods=["none", "ghost"])) is None
     shown = lessons.sink_table(run.frames["sinks"])
     assert shown["share of ‖Δ‖² %"].tolist() == (100 * run.frames["sinks"].delta_share).round(2).tolist()
+
+
+def test_fit_summary_gives_the_removed_shares_in_percent_and_the_overfit_rule(run):
+    told = lessons.fit_summary(run)
+    shares = removed_shares(run.frames["errors"])
+    assert told.errors.method.tolist() == shares.method.tolist() == ["ghost", "ghost-auto"]
+    assert told.errors["removed (fit) %"].tolist() == (100 * shares.fit).round(1).tolist()
+    solves = [round(run.run.results[m].solve_seconds, 3) for m in ("ghost", "ghost-auto")]
+    assert told.errors["solve s"].tolist() == solves
+    assert (told.tokens, told.width, told.wanted) == (4 * 24, 32, 128)
+    assert told.overfits and not replace(told, tokens=128).overfits
 
 
 def _scores(tasks: dict) -> ZeroShot:

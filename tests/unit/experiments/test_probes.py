@@ -85,6 +85,7 @@ def test_token_view_on_a_tiny_run_is_the_librarys_token_losses(tiny_run):
     assert view.hurt(3)["pruned Δ"].tolist() == sorted(direct["pruned Δ"], reverse=True)[:3]
     repaired = (direct["pruned"] - direct["ghost"]).max()
     assert view.repaired("ghost", 2).repaired.iloc[0] == pytest.approx(repaired)
+    assert view.mean_change("ghost") == pytest.approx(direct["ghost Δ"].mean())
 
 
 def test_lens_on_a_tiny_run_marks_the_cut(tiny_run):
@@ -96,3 +97,4 @@ def test_lens_on_a_tiny_run_marks_the_cut(tiny_run):
     pd.testing.assert_frame_equal(view.frame, direct)
     inside = view.frame.boundary.isin(view.removed)
     assert view.frame.loc[inside, "pruned"].isna().all() and view.frame.loc[~inside, "pruned"].notna().all()
+    assert view.answer == direct.set_index("boundary").loc[6, "dense"]  # dense's own prediction, bold on the page

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ghosted.models.architecture import (UnsupportedArchitecture, embedding_of, get_path, head_of, hidden_of, layers_of,
-                                         num_layers, spec_for)
+                                         num_layers, removed_share, spec_for)
 from ghosted.models.pruning import build_variant, format_layers, parse_layers, prune
 from tests.tiny import FAMILIES, random_ids, tiny_model
 
@@ -164,3 +164,11 @@ def test_unsupported_architecture_is_named():
 
     with pytest.raises(UnsupportedArchitecture, match="WeirdForCausalLM"):
         spec_for(Weird())
+
+
+def test_removed_share_is_what_pruning_takes_away():
+    model = tiny_model("llama", layers=6)
+    total = sum(p.numel() for p in model.parameters())
+    kept = sum(p.numel() for p in prune(model, [2, 3]).parameters())
+    assert removed_share(model, [2, 3]) == pytest.approx((total - kept) / total)
+    assert removed_share(model, []) == 0.0
