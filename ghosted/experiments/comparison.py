@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ghosted.recovery.methods import BASELINE_METHOD, TRAINED_METHODS, label_of
+from ghosted.recovery.methods import BASELINE_METHOD, REFERENCE_METHOD, TRAINED_METHODS, label_of
 
 PRUNED = label_of(BASELINE_METHOD)  # "pruned": the plainly pruned model's label
-REFERENCE_LABEL = "dense"  # the unpruned model's label
+REFERENCE_LABEL = label_of(REFERENCE_METHOD)  # "dense": the unpruned model's label
 SIZE_COLUMNS = {"parameters_m": "parameters (M)", "memory_mb": "memory (MB)", "latency_ms": "latency (ms)"}
 FIDELITY = ("kl", "kl_low", "kl_high", "top1", "top1_low", "top1_high")  # to the dense model (scores.summarize)
 BOUNDS = ("_low", "_high", "_significant")  # the suffixes of a paired difference's fields (d_<base>...)

@@ -19,6 +19,7 @@ from ghosted.experiments.results import FittedRun, ZeroShot
 from ghosted.models.architecture import hidden_size
 from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.recovery.diagnostics import directions_holding, removed_shares
+from ghosted.recovery.methods import RECOVERY, with_role
 
 ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"
 SPREAD_FRACTION = 10  # Δ is "spread" when more than 1/10 of the directions hold ENERGY_SHARE of it
@@ -174,7 +175,7 @@ class Frontier:
 
 def frontier(fitted: FittedRun) -> Frontier:
     """Step 5's numbers: how many methods, and the best closed-form and trained points once evaluated."""
-    count = len([m for m in fitted.methods if m != "none"])
+    count = len(with_role(fitted.methods, RECOVERY))
     table = fitted.evaluation.table if fitted.evaluation else None
     if table is None or not table.has_frontier:
         return Frontier(count, False, None, None, None)
