@@ -16,11 +16,11 @@ from pathlib import Path
 from urllib.parse import urlencode
 
 import streamlit as st
-import torch
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, eventlog, from_env,
-                                         heap, links, load_any, num_layers, precompute, workbench as wb)
+                                         heap, links, load_any, num_layers, precompute, release_gpu_cache,
+                                         workbench as wb)
 from pages import _restore
 from pages._status import USER_ERRORS, user_errors, wait_text  # noqa: F401 (re-exported: pages call them here)
 from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
@@ -127,8 +127,7 @@ def _release(loaded: LoadedModel) -> None:
     del loaded
     heap.thaw()  # the released model's objects can be collected again
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_gpu_cache()
 
 
 @st.cache_resource(max_entries=1, on_release=_release, show_spinner="Loading the model...")

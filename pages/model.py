@@ -1,22 +1,11 @@
 """Model page: choose the model, dtype and device; show what was loaded."""
 
 import streamlit as st
-import torch
 
-from ghosted.experiments.frontend import BUNDLED_MODEL, describe
+from ghosted.experiments.frontend import BUNDLED_MODEL, available_devices, describe, gpu_count
 from pages import _ui
 
 BUNDLED, PATH, HUB = "Bundled SmolLM2-135M-Instruct", "Local folder or .gguf file", "Hugging Face hub id"
-
-
-def devices() -> list[str]:
-    """Devices worth offering on this machine."""
-    found = ["auto", "cpu"]
-    if torch.cuda.is_available():
-        found += [f"cuda:{i}" if i else "cuda" for i in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        found.append("mps")
-    return found
 
 
 def spec_form(cfg, spec: dict) -> dict | None:
@@ -34,8 +23,8 @@ def spec_form(cfg, spec: dict) -> dict | None:
         left, right = st.columns(2)
         dtype = left.selectbox("dtype", ["auto", "float32", "bfloat16", "float16"],
                                help="auto: bfloat16 on a GPU, float32 on a CPU")
-        device = right.selectbox("Device", devices(), help="auto: cuda > mps > cpu")
-        shard = torch.cuda.device_count() > 1 and st.checkbox("Shard over every GPU (device_map='auto')")
+        device = right.selectbox("Device", available_devices(), help="auto: cuda > mps > cpu")
+        shard = gpu_count() > 1 and st.checkbox("Shard over every GPU (device_map='auto')")
         trust = cfg.allow_trust_remote_code and st.checkbox(
             "Trust remote code", help="Runs the Python code shipped with the model named above (its folder or "
                                       "hub repository) on this server, with its permissions. Only for code you trust.")

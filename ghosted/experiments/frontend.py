@@ -18,7 +18,8 @@ from ghosted.experiments.jobs import JobQueue, JobStatus
 from ghosted.experiments.spec_flags import command
 from ghosted.models.architecture import describe, hidden_size, num_layers, removed_share
 from ghosted.models.assets import BUNDLED_MODEL
-from ghosted.models.loading import LoadedModel, ModelLoadError, versions
+from ghosted.models.loading import (LoadedModel, ModelLoadError, available_devices, gpu_count, release_gpu_cache,
+                                    versions)
 from ghosted.models.pruning import format_layers
 from ghosted.operators.checkpoint import load_any, save_recovered
 from ghosted.recovery.diagnostics import removed_shares
@@ -28,7 +29,7 @@ from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
 
 __all__ = ["BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus", "LoadedModel",
            "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
-           "TextSource", "command", "comparison", "describe", "eventlog", "format_layers", "from_env", "heap",
-           "help_text", "hidden_size", "label_of", "lessons", "links", "load_any", "num_layers", "parse_tasks",
-           "precompute", "probes", "recipes", "removed_share", "removed_shares", "save_recovered", "versions",
-           "with_role", "workbench"]
+           "TextSource", "available_devices", "command", "comparison", "describe", "eventlog", "format_layers",
+           "from_env", "gpu_count", "heap", "help_text", "hidden_size", "label_of", "lessons", "links", "load_any",
+           "num_layers", "parse_tasks", "precompute", "probes", "recipes", "release_gpu_cache", "removed_share",
+           "removed_shares", "save_recovered", "versions", "with_role", "workbench"]

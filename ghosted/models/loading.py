@@ -71,6 +71,27 @@ class LoadedModel:
         return Path(self.source).name if self.kind in ("folder", "gguf") else self.source
 
 
+def available_devices() -> list[str]:
+    """The devices worth offering on this machine: auto, cpu, each CUDA GPU, Apple's mps."""
+    found = ["auto", "cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" if i else "cuda" for i in range(torch.cuda.device_count())]
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        found.append("mps")
+    return found
+
+
+def gpu_count() -> int:
+    """How many CUDA GPUs this machine has (a model can be sharded over more than one)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def release_gpu_cache() -> None:
+    """Hand the memory a released model held on the GPU back to the driver (nothing without a GPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def resolve_device(device: str = "auto") -> str:
     """``"auto"`` -> the best available device; anything else is checked and returned."""
     if device == "auto":

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ghosted.models.assets import bundled_gguf_path
-from ghosted.models.loading import ModelLoadError, load_model, resolve_device, resolve_dtype, source_kind
+from ghosted.models.loading import (ModelLoadError, available_devices, gpu_count, load_model, resolve_device,
+                                    resolve_dtype, source_kind)
 from tests.tiny import tiny_model
 
 
@@ -84,3 +85,10 @@ def test_device_and_dtype_resolution():
     if not torch.cuda.is_available():
         with pytest.raises(ModelLoadError, match="no CUDA GPU"):
             resolve_device("cuda")
+
+
+def test_the_devices_offered_are_those_this_machine_has():
+    found = available_devices()
+    assert found[:2] == ["auto", "cpu"] and resolve_device("auto") in [*found, "cuda"]
+    assert gpu_count() == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    assert len([d for d in found if d.startswith("cuda")]) == gpu_count()

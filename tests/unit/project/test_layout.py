@@ -9,7 +9,10 @@ functions; relative imports resolved), so a lazy import cannot slip past. The ru
 (c) no module left flat in ghosted/ but __init__.py and __main__.py;
 (d) no ghosted module imports streamlit (the app's pages do);
 (e) the app (app.py and pages/, helpers included) imports from ghosted only its one backend
-    (``APP_BACKEND``: ghosted.experiments.frontend, which names what pages use, and the session API).
+    (``APP_BACKEND``: ghosted.experiments.frontend, which names what pages use, and the session API);
+(f) the app computes nothing: it imports no numeric library (``NUMERIC``), so every number it shows comes
+    from the backend's typed results (``workbench``, ``comparison``, ``lessons``, ``probes``) and its pages
+    only lay them out and draw them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ LAYERS = ("core", "models", "data", "calibration", "evaluation", "operators", "r
 FRONT_ENDS = ("cli",)  # above every layer; nothing below imports them
 FLAT_ALLOWED = {"__init__.py", "__main__.py"}
 APP_BACKEND = ("ghosted.experiments.frontend", "ghosted.experiments.session")  # what the app may import
+NUMERIC = ("torch", "numpy", "scipy")  # what the app never imports: its numbers come from the library
 ROOT_CONSTANTS = {"__version__"}  # constants of ghosted/__init__.py any module may read: that file imports nothing
 # at import time but ghosted.core.guards (the rest lazily, inside the API functions), so reading them adds no edge
 
@@ -164,6 +168,24 @@ def backend_violations(files: list[Path]) -> list[str]:
 def test_the_app_imports_only_its_backend():
     assert len(app_files()) > 5
     assert backend_violations(app_files()) == []
+
+
+def numeric_imports(files: list[Path]) -> list[str]:
+    """(f): imports of a numeric library in app.py and pages/."""
+    return [f"{path.parent.name}/{path.name} imports {name}" for path in files
+            for name in sorted(imports_of(path, path.parent)) if name.split(".")[0] in NUMERIC]
+
+
+def test_the_app_computes_nothing():
+    assert numeric_imports(app_files()) == []
+
+
+def test_the_compute_rule_flags_a_numeric_import(tmp_path):
+    page = tmp_path / "pages" / "x.py"
+    page.parent.mkdir()
+    page.write_text("import streamlit as st\ndef f():\n    import numpy as np\n    from torch import nn\n")
+    assert numeric_imports([page]) == ["pages/x.py imports numpy", "pages/x.py imports torch",
+                                       "pages/x.py imports torch.nn"]
 
 
 def test_the_backend_rule_flags_a_library_import(tmp_path):
