@@ -151,19 +151,19 @@ def select(source, metric: str, n: int, windows=None, heldout=None, config=None)
     return select_layers(source, metric, n, windows=windows, heldout=heldout, config=config)
 
 
-def fit(model, drop, calib=None, methods=("ghost-auto",), heldout=None, progress=None, **settings):
+def fit(model, drop, windows=None, methods=("ghost-auto",), heldout=None, progress=None, **settings):
     """Prune ``drop`` and fit each recovery method: a ``RecoveryRun``.
 
     ``methods`` is a name or a list (``python -m ghosted methods`` lists them). The default,
     ``ghost-auto``, keeps the paper's fit (``ghost``), the sink-robust one or no operator per gap,
-    whichever gives the lower next-token loss on held-out windows. ``calib``: ``TokenWindows`` to fit
-    on (with ``heldout`` beside them when a method needs held-out windows); without ``calib`` the
-    windows are drawn as ``python -m ghosted run`` draws them (``model`` must then be a ``LoadedModel``):
-    ``calib_seqs`` windows fitted and ``heldout_seqs`` more kept apart. ``settings`` are the experiment
-    spec's names, as the command line's flags spell them (``ghost_mode``, ``granularity``, ``eps``,
-    ``solver``, ``rank``, ``fold``, ``batch_size``, ``seed``, ``calib``, ``calib_seqs``, ``seq_len``,
-    ``heldout_seqs``, ``cache``, ...; ``python -m ghosted run --help``). ``model`` is never changed;
-    every method gets a new model. ``progress`` receives ``(stage, done, total)``.
+    whichever gives the lower next-token loss on held-out windows. ``windows``: ``TokenWindows`` to fit
+    on (with ``heldout`` windows beside them when a method needs held-out windows); without ``windows``
+    they are drawn as ``python -m ghosted run`` draws them (``model`` must then be a ``LoadedModel``):
+    ``calib_seqs`` windows of the ``calib`` text fitted and ``heldout_seqs`` more kept apart. ``settings``
+    are the experiment spec's names, as the command line's flags spell them (``ghost_mode``,
+    ``granularity``, ``eps``, ``solver``, ``rank``, ``fold``, ``batch_size``, ``seed``, ``calib``,
+    ``calib_seqs``, ``seq_len``, ``heldout_seqs``, ``cache``, ...; ``python -m ghosted run --help``).
+    ``model`` is never changed; every method gets a new model. ``progress`` receives ``(stage, done, total)``.
 
     Example:
         >>> run = ghosted.fit(lm, "20-26", calib, methods=["none", "ghost"])
@@ -178,30 +178,27 @@ def fit(model, drop, calib=None, methods=("ghost-auto",), heldout=None, progress
     spec = _spec_of({"cache": False, **settings}, methods=methods)  # the API saves no statistics unasked
     validate.check_drop(drop, validate.facts_of_model(_model_of(model)).layers)  # before any forward pass
     _check_fit_settings(settings)
-    windows = None
-    if calib is not None:
-        _check_windows(_model_of(model), calib, "calib")
+    given = None
+    if windows is not None:
+        _check_windows(_model_of(model), windows)
         if heldout is None and needing_heldout(methods):
             raise ValueError(f"{', '.join(needing_heldout(methods))} chooses on held-out windows: give `heldout` "
-                             "windows beside `calib`, or leave `calib` out to draw both as the spec says "
+                             "windows beside `windows`, or leave `windows` out to draw both as the spec says "
                              "(calib_seqs fitted, heldout_seqs kept apart).")
-        windows = CalibrationWindows(calib, heldout)
+        given = CalibrationWindows(windows, heldout)
     elif not _is_loaded(model):
-        raise TypeError("Without `calib` the windows are drawn with the model's tokenizer: give a LoadedModel "
-                        "(ghosted.load(...)), or give `calib` windows (ghosted.calibrate(...)).")
-    session = Session(spec, _as_loaded(model), progress, windows=windows)
+        raise TypeError("Without `windows` they are drawn with the model's tokenizer: give a LoadedModel "
+                        "(ghosted.load(...)), or give `windows` (ghosted.calibrate(...)).")
+    session = Session(spec, _as_loaded(model), progress, windows=given)
     return session.fit(drop).recovery
 
 
 def _spec_of(settings: dict, base=None, **fixed):
-    """The experiment spec with ``settings`` (the spec's flat names) over the defaults; an unknown name
-    is a TypeError that lists the known ones. ``mode`` and ``replaceme_fold``, the names of earlier
-    versions, are still read as ``ghost_mode`` and ``fold``."""
+    """The experiment spec with ``settings`` (the spec's flat names, the only names taken) over the
+    defaults; an unknown name is a TypeError that lists the known ones (and the new name of an old one)."""
     from ghosted.experiments.spec import ExperimentSpec
 
-    renamed = {"mode": "ghost_mode", "replaceme_fold": "fold"}
-    options = {renamed.get(k, k): v for k, v in settings.items()}
-    return (base or ExperimentSpec()).with_options(**options, **fixed)
+    return (base or ExperimentSpec()).with_options(**settings, **fixed)
 
 
 def _as_loaded(model):

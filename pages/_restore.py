@@ -28,12 +28,12 @@ def text_values(prefix: str, text: str) -> dict:
 def values_of(link) -> dict:
     """Widget key -> value for every setting ``link`` names (a ``links.Link``)."""
     fit = link.fit
-    values = {**text_values("calib", fit.text), "calib_n": fit.n_seqs, "calib_len": fit.seq_len,
-              "calib_heldout": fit.heldout, "calib_seed": fit.seed, "calib_methods": list(fit.methods),
-              "calib_mode": fit.mode, "calib_batch": fit.batch, "calib_granularity": fit.granularity}
+    values = {**text_values("calib", fit.text), "calib_n": fit.calib_seqs, "calib_len": fit.seq_len,
+              "calib_heldout": fit.heldout_seqs, "calib_seed": fit.seed, "calib_methods": list(fit.methods),
+              "calib_mode": fit.ghost_mode, "calib_batch": fit.batch_size, "calib_granularity": fit.granularity}
     if link.evaluation is not None:
         ev = link.evaluation
-        values.update({**text_values("eval", ev.text), "eval_tokens": ev.tokens, "eval_window": ev.window})
+        values.update({**text_values("eval", ev.text), "eval_tokens": ev.eval_tokens, "eval_window": ev.eval_seq_len})
     return values
 
 

@@ -19,14 +19,16 @@ def eval_form(cfg, fit: wb.FitRequest) -> None:
     with st.form("eval_form"):
         text = _text.text_inputs(cfg, kind, "eval")
         left, right = st.columns(2)
-        tokens = left.number_input("Tokens to score", 64, 10_000_000, DEFAULTS.tokens, step=1024, key="eval_tokens")
-        window = right.number_input("Window (tokens)", 16, 32768, DEFAULTS.window, step=128, key="eval_window")
+        eval_tokens = left.number_input("Tokens to score", 64, 10_000_000, DEFAULTS.eval_tokens, step=1024,
+                                        key="eval_tokens")
+        eval_seq_len = right.number_input("Window (tokens)", 16, 32768, DEFAULTS.eval_seq_len, step=128,
+                                          key="eval_window")
         if cfg.max_eval_tokens:
             st.caption(f"This deployment scores at most {cfg.max_eval_tokens:,} tokens.")
         st.form_submit_button("Evaluate perplexity", type="primary", key="evaluate_run",
                               disabled=_ui.busy(_ui.EVALUATION), on_click=_ui.start_job, args=("evaluate",))
     _ui.queue_clicked("evaluate", _ui.EVALUATION, lambda: checked(
-        cfg, wb.EvalRequest(fit=fit, text=text(), tokens=int(tokens), window=int(window))))
+        cfg, wb.EvalRequest(fit=fit, text=text(), eval_tokens=int(eval_tokens), eval_seq_len=int(eval_seq_len))))
 
 
 def checked(cfg, request):
@@ -112,7 +114,7 @@ def zeroshot_form(cfg, fit: wb.FitRequest) -> None:
         left, right = st.columns(2)
         bundled = left.checkbox(f"{BUNDLED_TASK} (offline: the last word of Wikipedia paragraphs)", True,
                                 key="zeroshot_bundled")
-        limit = right.number_input("Examples per task", 1, most, min(100, most), step=50, key="zeroshot_limit")
+        task_limit = right.number_input("Examples per task", 1, most, min(100, most), step=50, key="zeroshot_limit")
         harness = st.text_input("lm-evaluation-harness tasks (online), comma list", "", key="zeroshot_harness",
                                 placeholder="arc_easy, hellaswag, piqa", disabled=not cfg.allow_hub_datasets,
                                 help="Task names of lm-evaluation-harness; their data comes from the Hugging Face "
@@ -121,7 +123,8 @@ def zeroshot_form(cfg, fit: wb.FitRequest) -> None:
                               on_click=_ui.start_job, args=("zeroshot",))
     tasks = ([BUNDLED_TASK] if bundled else []) + (parse_tasks(harness) if cfg.allow_hub_datasets else [])
     _ui.queue_clicked("zeroshot", _ui.ZEROSHOT,
-                      lambda: checked(cfg, wb.ZeroShotRequest(fit=fit, tasks=tuple(tasks), limit=int(limit))))
+                      lambda: checked(cfg, wb.ZeroShotRequest(fit=fit, tasks=tuple(tasks),
+                                                                  task_limit=int(task_limit))))
 
 
 def show_zeroshot(scored: wb.ZeroShot) -> None:

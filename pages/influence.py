@@ -24,7 +24,7 @@ def influence_form(cfg, n_layers: int) -> None:
     with st.form("influence_form"):
         text = _text.text_inputs(cfg, kind, "influence")
         cols = st.columns(3)
-        n_seqs = cols[0].number_input("Sequences", 1, 1024, DEFAULTS.n_seqs, key="influence_seqs")
+        calib_seqs = cols[0].number_input("Sequences", 1, 1024, DEFAULTS.calib_seqs, key="influence_seqs")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="influence_len")
         rec_n = cols[2].multiselect("Block sizes n for recoverability", list(range(1, n_layers)),
                                     key="influence_rec_n", default=[min(DEFAULTS.rec_n[0], n_layers - 1)],
@@ -36,12 +36,13 @@ def influence_form(cfg, n_layers: int) -> None:
                        "Taylor+, SLEB).")
         st.form_submit_button("Compute influence", type="primary", key="influence_run",
                               disabled=_ui.busy(_ui.INFLUENCE), on_click=_ui.start_job, args=("influence",))
-    _ui.queue_clicked("influence", _ui.INFLUENCE, lambda: request(cfg, text(), n_seqs, seq_len, rec_n, metrics))
+    _ui.queue_clicked("influence", _ui.INFLUENCE, lambda: request(cfg, text(), calib_seqs, seq_len, rec_n,
+                                                                          metrics))
 
 
-def request(cfg, text, n_seqs: int, seq_len: int, rec_n, metrics) -> wb.InfluenceRequest:
+def request(cfg, text, calib_seqs: int, seq_len: int, rec_n, metrics) -> wb.InfluenceRequest:
     """The measurement asked for, checked against the deployment."""
-    asked = wb.InfluenceRequest(model=_ui.current_key(), text=text, n_seqs=int(n_seqs), seq_len=int(seq_len),
+    asked = wb.InfluenceRequest(model=_ui.current_key(), text=text, calib_seqs=int(calib_seqs), seq_len=int(seq_len),
                                 rec_n=tuple(sorted(int(n) for n in rec_n)), metrics=tuple(metrics))
     asked.check(cfg)
     return asked

@@ -23,11 +23,11 @@ def settings_form(cfg, model, layers: list[int]) -> None:
     with st.form("calibrate_form"):
         text = _text.text_inputs(cfg, kind, "calib")
         cols = st.columns(4)
-        n_seqs = cols[0].number_input("Sequences", 1, 4096, DEFAULTS.n_seqs, key="calib_n",
+        calib_seqs = cols[0].number_input("Sequences", 1, 4096, DEFAULTS.calib_seqs, key="calib_n",
                                       help="windows the operators are fitted on")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="calib_len")
-        heldout = cols[2].number_input("Held-out sequences", 0, 1024, DEFAULTS.heldout, key="calib_heldout",
-                                       help="extra windows never fitted: the held-out errors")
+        heldout_seqs = cols[2].number_input("Held-out sequences", 0, 1024, DEFAULTS.heldout_seqs,
+                                            key="calib_heldout", help="extra windows never fitted: the held-out errors")
         seed = cols[3].number_input("Seed", 0, 2**31 - 1, DEFAULTS.seed, key="calib_seed",
                                     help="which windows are drawn")
         if cfg.max_calib_tokens:
@@ -36,17 +36,18 @@ def settings_form(cfg, model, layers: list[int]) -> None:
         methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
                                  key="calib_methods", help=METHOD_HELP,
                                  default=[m for m in DEFAULTS.methods if m in fittable])
-        mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True, key="calib_mode",
+        ghost_mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True, key="calib_mode",
                         help="independent: every gap fitted on the dense model (paper); sequential: "
                              "each gap fitted on the model already pruned and patched upstream")
         with st.expander("Advanced"):
-            batch = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch, key="calib_batch")
+            batch_size = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch_size,
+                                         key="calib_batch")
             granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True, key="calib_granularity",
                                    help="one per contiguous block, or one per removed layer")
         st.form_submit_button("Calibrate and fit", type="primary", key="calibrate_run", disabled=_ui.busy(_ui.RUN),
                               on_click=_ui.start_job, args=("calibrate",))
-    choices = dict(n_seqs=int(n_seqs), seq_len=int(seq_len), heldout=int(heldout), seed=int(seed),
-                   methods=tuple(methods), mode=mode, batch=int(batch), granularity=granularity)
+    choices = dict(calib_seqs=int(calib_seqs), seq_len=int(seq_len), heldout_seqs=int(heldout_seqs), seed=int(seed),
+                   methods=tuple(methods), ghost_mode=ghost_mode, batch_size=int(batch_size), granularity=granularity)
     _ui.queue_clicked("calibrate", _ui.RUN, lambda: request(cfg, model, layers, text(), choices))
 
 

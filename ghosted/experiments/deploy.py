@@ -100,12 +100,12 @@ class DeployConfig:
             raise DeployRefusal(f"The {self.name} deployment does not fetch datasets ({name}). Use a "
                                 "bundled text or upload a .txt or .jsonl file.")
 
-    def check_calibration(self, n_seqs: int, seq_len: int, heldout: int = 0) -> None:
-        """Refuse a calibration larger than ``max_calib_tokens``."""
-        tokens = (n_seqs + heldout) * seq_len
+    def check_calibration(self, calib_seqs: int, seq_len: int, heldout_seqs: int = 0) -> None:
+        """Refuse a calibration larger than ``max_calib_tokens`` (the arguments: the spec's settings)."""
+        tokens = (calib_seqs + heldout_seqs) * seq_len
         cap = self.max_calib_tokens
         if cap is not None and tokens > cap:
-            raise DeployRefusal(f"{n_seqs + heldout} sequences x {seq_len} tokens = {tokens:,} "
+            raise DeployRefusal(f"{calib_seqs + heldout_seqs} sequences x {seq_len} tokens = {tokens:,} "
                                 f"calibration tokens; the {self.name} deployment allows at most "
                                 f"{cap:,}. Lower the sequences or the sequence length.")
 

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 from ghosted.experiments import workbench as wb
 from ghosted.experiments.deploy import DeployConfig
 
-INTS = {  # parameter -> (request field, least, most)
-    "n": ("n_seqs", 1, 4096), "len": ("seq_len", 8, 8192), "heldout": ("heldout", 0, 1024),
-    "seed": ("seed", 0, 2**31 - 1), "batch": ("batch", 1, 256),
+INTS = {  # parameter (short, user-facing) -> (request field: the spec's name, least, most)
+    "n": ("calib_seqs", 1, 4096), "len": ("seq_len", 8, 8192), "heldout": ("heldout_seqs", 0, 1024),
+    "seed": ("seed", 0, 2**31 - 1), "batch": ("batch_size", 1, 256),
 }
-EVAL_INTS = {"tokens": ("tokens", 64, 10_000_000), "window": ("window", 16, 32768)}
-CHOICES = {"mode": ("independent", "sequential"), "granularity": ("auto", "block", "layer")}
+EVAL_INTS = {"tokens": ("eval_tokens", 64, 10_000_000), "window": ("eval_seq_len", 16, 32768)}
+CHOICES = {  # parameter -> (request field, its values)
+    "mode": ("ghost_mode", ("independent", "sequential")), "granularity": ("granularity", ("auto", "block", "layer")),
+}
 NAMES = ("model", "layers", "methods", "calib", *INTS, *CHOICES, "eval", *EVAL_INTS)  # every parameter
 
 
@@ -48,7 +50,7 @@ def to_query(model_source: str, fit: wb.FitRequest, evaluation: wb.EvalRequest |
         return None
     query = {"model": model_source, "layers": format_layers(list(fit.layers)), "methods": ",".join(fit.methods),
              "calib": fit.text, **{p: str(getattr(fit, f)) for p, (f, _, _) in INTS.items()},
-             **{p: str(getattr(fit, p)) for p in CHOICES}}
+             **{p: str(getattr(fit, f)) for p, (f, _) in CHOICES.items()}}
     if evaluation is not None:
         sizes = {p: str(getattr(evaluation, f)) for p, (f, _, _) in EVAL_INTS.items()}
         query.update({"eval": evaluation.text, **sizes})
@@ -69,11 +71,11 @@ def from_query(params: Mapping, model_key: str, n_layers: int, cfg: DeployConfig
     except ValueError as err:
         raise ValueError(f"This link's layers are not valid for this model: {err}") from None
     choices = {f: _int(given, p, lo, hi) for p, (f, lo, hi) in INTS.items() if p in given}
-    for name, allowed in CHOICES.items():
+    for name, (f, allowed) in CHOICES.items():
         if name in given:
             if given[name] not in allowed:
                 raise ValueError(f"This link's {name} must be one of {', '.join(allowed)}.")
-            choices[name] = given[name]
+            choices[f] = given[name]
     if "methods" in given:
         methods = tuple(m for m in given["methods"].split(",") if m)
         unknown = [m for m in methods if m not in with_role(METHODS, RECOVERY)]  # plain pruning is always there

@@ -47,7 +47,7 @@ class Experiment:
     preset: str | None = "Streamline block of n"  # used when ``layers`` is None
     n: int = DEFAULT_N  # the preset's block size
     methods: tuple[str, ...] = wb.DEFAULT_METHODS  # fitted besides plain pruning
-    eval_tokens: tuple[int, ...] = (wb.EvalRequest().tokens, TEACHING_EVAL_TOKENS)  # evaluation sizes
+    eval_tokens: tuple[int, ...] = (wb.EvalRequest().eval_tokens, TEACHING_EVAL_TOKENS)  # evaluation sizes
 
 
 def default_plan() -> list[Experiment]:
@@ -149,7 +149,7 @@ def precompute(plan: list[Experiment], cfg: DeployConfig, say=print, progress=No
             fitted = _stored(store, fit, lambda r: r.compute(lm, progress), say)
             done["fit"].append(fit.key())
             for tokens in e.eval_tokens:
-                evaluation = replace(wb.EvalRequest(fit=fit), tokens=tokens)
+                evaluation = replace(wb.EvalRequest(fit=fit), eval_tokens=tokens)
                 _stored(store, evaluation, lambda r: r.compute(lm, fitted, progress), say)
                 done["evaluate"].append(evaluation.key())
     return done

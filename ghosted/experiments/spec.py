@@ -250,7 +250,9 @@ class ExperimentSpec:
         paths = {_flat_name(f): path for path, f in _leaves(type(self))}
         unknown = sorted(set(options) - set(paths))
         if unknown:
-            raise TypeError(f"Unknown experiment setting(s) {', '.join(unknown)}; known: {', '.join(paths)}.")
+            hints = "".join(f" {name} is now {FORMER_NAMES[name]}." for name in unknown if name in FORMER_NAMES)
+            raise TypeError(f"Unknown experiment setting(s) {', '.join(unknown)};{hints} "
+                            f"known: {', '.join(paths)}.")
         spec = self
         for name, value in options.items():
             spec = _set(spec, paths[name], list(value) if isinstance(value, (list, tuple)) else value)
@@ -268,6 +270,16 @@ class ExperimentSpec:
 
 
 # ------------------------------------------------------------------------------------ the fields
+FORMER_NAMES = {"mode": "ghost_mode", "replaceme_fold": "fold", "n_seqs": "calib_seqs", "heldout": "heldout_seqs"}
+# names earlier versions took for these settings: refused, with the name to use instead
+
+
+def flat_flags(spec_class=None) -> dict[str, str]:
+    """Every setting's flat name -> its command-line flag (``{"calib_seqs": "--calib-seqs", ...}``), from
+    the fields' metadata, so that messages name a setting both ways without a hand-kept map."""
+    return {_flat_name(f): f.metadata["flag"] for _, f in _leaves(spec_class or ExperimentSpec)}
+
+
 def _leaves(cls, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], object]]:
     """(path, field) of every field with a flag, depth first, in declaration order."""
     for f in fields(cls):

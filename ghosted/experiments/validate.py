@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from functools import cache
 from pathlib import Path
 
 from ghosted.experiments.facts import (  # noqa: F401 (re-exported: the checks' callers read the facts here)
@@ -33,19 +34,24 @@ MAX_TOKENS = 2**27  # tokens in one calibration draw or one evaluation (134M; pu
 MAX_WINDOW = 2**20  # tokens in one window (1M; no released model has more positions)
 MAX_BATCH = 2**12  # windows in one forward batch
 MAX_SEEDS = 100  # calibration draws of `run --seeds` (each one a whole run) and `grid --seeds` (a fit per cell)
-FLAGS = {  # API name -> CLI flag, so one message serves both
-    "calib_seqs": "--calib-seqs", "n_seqs": "--calib-seqs", "seq_len": "--seq-len",
-    "heldout_seqs": "--heldout-seqs", "eval_tokens": "--eval-tokens", "tokens": "--eval-tokens",
-    "eval_seq_len": "--eval-seq-len", "batch_size": "--batch-size", "seed": "--seed", "eps": "--eps",
-    "seeds": "--seeds", "rank": "--rank",
-    "n": "--n", "n_values": "--n-values", "candidate_windows": "--candidate-windows", "sleb_steps": "--sleb-steps",
-    "max_gram_gib": "--max-gram-gib",
+COMMAND_FLAGS = {  # settings of a command that are not the experiment spec's (whose flags its fields carry)
+    "seeds": "--seeds", "n_values": "--n-values", "candidate_windows": "--candidate-windows",
+    "sleb_steps": "--sleb-steps", "max_gram_gib": "--max-gram-gib",
 }
 
 
+@cache
+def _flags() -> dict[str, str]:
+    """Flat name -> flag: the spec's, from its fields' metadata, and the commands' own."""
+    from ghosted.experiments.spec import flat_flags
+
+    return {**flat_flags(), **COMMAND_FLAGS}
+
+
 def _label(name: str) -> str:
-    """``calib_seqs (--calib-seqs)``: the setting's API name and its CLI flag."""
-    flag = FLAGS.get(name)
+    """``calib_seqs (--calib-seqs)``: the setting's name (the API's and the spec's) and its CLI flag; a name
+    that is no setting (an API helper's argument, e.g. ``ghosted.calibrate``'s ``n_seqs``) stands alone."""
+    flag = _flags().get(name)
     return f"{name} ({flag})" if flag else name
 
 

@@ -28,7 +28,7 @@ from ghosted.data.sources import TextSource
 from ghosted.experiments import codecs
 from ghosted.experiments.comparison import VariantTable
 from ghosted.experiments.deploy import DeployConfig
-from ghosted.experiments.spec import CalibrationSpec, ExperimentSpec
+from ghosted.experiments.spec import ExperimentSpec
 from ghosted.experiments.results import Evaluation, FittedRun, Generations, Influence, ZeroShot
 from ghosted.experiments.store import Codec, ResultStore, request_key
 from ghosted.models.assets import BUNDLED_MODEL, cache_dir
@@ -38,6 +38,8 @@ DEFAULT_MODEL = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "de
 DEFAULT_CRITERIA = ("streamline_cosine", "angular_all", "block_influence", "recoverability")  # Influence page
 DEFAULT_METHODS = ("ghost-auto", "ghost", "replaceme-ls")  # the default, the paper's fit, its closest baseline
 HELDOUT_WINDOWS = 4  # held-out windows drawn for influence criteria that need them (cost "heldout")
+SPEC_SETTINGS = ("calib_seqs", "seq_len", "heldout_seqs", "seed", "ghost_mode", "granularity", "batch_size")
+# FitRequest's fields that are experiment settings, under the spec's flat names (passed on as they are)
 LATENCY_TOKENS = 64  # tokens of the prompt timed per variant (short: 3 passes per variant)
 PRESETS = {  # preset -> (criterion, what it picks); the Influence page's presets of n layers
     "Streamline block of n": ("streamline_cosine", "the contiguous block whose input and output are most alike"),
@@ -98,18 +100,19 @@ class _Request:
 
 @dataclass(frozen=True)
 class InfluenceRequest(_Request):
-    """The Influence page's measurement: criteria on ``n_seqs`` x ``seq_len`` tokens of ``text``."""
+    """The Influence page's measurement: criteria on ``calib_seqs`` x ``seq_len`` tokens of ``text``."""
 
     model: str = BUNDLED_KEY  # model key
     text: object = "bundled:news"  # source name or TextSource
-    n_seqs: int = 16  # windows measured
+    calib_seqs: int = 16  # windows measured
     seq_len: int = 128  # tokens per window
     rec_n: tuple[int, ...] = (6,)  # block sizes of the recoverability criteria (each adds a ghost fit)
     metrics: tuple[str, ...] = DEFAULT_CRITERIA  # criteria computed
     kind = "influence"
 
     @property
-    def heldout(self) -> int:
+    def heldout_seqs(self) -> int:
+        """Held-out windows drawn besides: ``HELDOUT_WINDOWS`` when a criterion needs them, else none."""
         from ghosted.selection.criteria import CRITERIA
 
         return HELDOUT_WINDOWS if any(CRITERIA[m].cost == "heldout" for m in self.metrics if m in CRITERIA) else 0
@@ -122,13 +125,14 @@ class InfluenceRequest(_Request):
         if set(self.metrics) & RECOVERABILITY and not self.rec_n:
             raise ValueError("Recoverability needs at least one block size n.")
         cfg.check_criteria(self.metrics)  # demo: no pass per layer, no backward pass
-        cfg.check_calibration(self.n_seqs, self.seq_len, self.heldout)
+        cfg.check_calibration(self.calib_seqs, self.seq_len, self.heldout_seqs)
 
     def compute(self, lm, progress=None) -> Influence:
         from ghosted.selection.criteria import InfluenceConfig, influence
 
-        calibration = CalibrationSpec(source=text_name(self.text), count=self.n_seqs, length=self.seq_len,
-                                      heldout=self.heldout, seed=0)
+        calibration = ExperimentSpec().with_options(calib=text_name(self.text), calib_seqs=self.calib_seqs,
+                                                    seq_len=self.seq_len, heldout_seqs=self.heldout_seqs,
+                                                    seed=0).calibration
         fit, held = calibration.windows(lm.tokenizer, text=self.text)
         config = InfluenceConfig(metrics=list(self.metrics), recoverability_n_values=sorted(self.rec_n) or None)
         report = influence(lm.model, fit, config, heldout=held, progress=progress)
@@ -153,13 +157,13 @@ class FitRequest(_Request):
     model: str = BUNDLED_KEY  # model key
     text: object = "bundled:news"  # source name or TextSource
     layers: tuple[int, ...] = ()  # the layers to drop
-    n_seqs: int = 32  # windows the operators are fitted on
+    calib_seqs: int = 32  # windows the operators are fitted on
     seq_len: int = 128  # tokens per window
-    heldout: int = 4  # extra windows never fitted: the held-out errors
+    heldout_seqs: int = 4  # extra windows never fitted: the held-out errors
     seed: int = 0  # which windows are drawn
     methods: tuple[str, ...] = DEFAULT_METHODS  # fitted besides plain pruning
-    mode: str = "independent"  # ghost mode: independent (paper) or sequential
-    batch: int = 4  # windows per forward pass
+    ghost_mode: str = "independent"  # independent (paper) or sequential
+    batch_size: int = 4  # windows per forward pass
     granularity: str = "auto"  # one operator per block, per layer, or auto
     kind = "fit"
 
@@ -168,17 +172,17 @@ class FitRequest(_Request):
             raise ValueError("Choose at least one layer to drop (Influence page) first.")
         if len(set(self.layers)) >= n_layers:
             raise ValueError(f"That drops all {n_layers} layers: keep at least one.")
-        cfg.check_calibration(self.n_seqs, self.seq_len, self.heldout)
+        cfg.check_calibration(self.calib_seqs, self.seq_len, self.heldout_seqs)
 
     def spec(self, lm) -> ExperimentSpec:
-        """The same spec ``python -m ghosted run`` builds from its flags."""
+        """The same spec ``python -m ghosted run`` builds from its flags (the settings under their own names)."""
         from ghosted.models.pruning import format_layers
 
+        settings = {name: getattr(self, name) for name in SPEC_SETTINGS}
         return ExperimentSpec().with_options(
-            model=lm.source, calib=text_name(self.text), calib_seqs=self.n_seqs, seq_len=self.seq_len,
-            heldout_seqs=self.heldout, seed=self.seed, drop=format_layers(list(self.layers)),
-            methods=["dense", "none", *self.methods], ghost_mode=self.mode, granularity=self.granularity,
-            batch_size=self.batch, device=lm.device, dtype=lm.dtype, cache=True)  # statistics shared on disk
+            **settings, model=lm.source, calib=text_name(self.text), drop=format_layers(list(self.layers)),
+            methods=["dense", "none", *self.methods], device=lm.device, dtype=lm.dtype,
+            cache=True)  # statistics shared on disk
 
     def session(self, lm, progress=None):
         """A ``Session`` on this run's spec with the loaded model (an uploaded text read as given)."""
@@ -223,23 +227,23 @@ def label(method: str) -> str:
 
 @dataclass(frozen=True)
 class EvalRequest(_Request):
-    """The Compare page's perplexity: ``tokens`` of ``text`` in windows of ``window``."""
+    """The Compare page's perplexity: ``eval_tokens`` of ``text`` in windows of ``eval_seq_len``."""
 
     fit: FitRequest = field(default_factory=FitRequest)  # the run whose variants are scored
     text: object = "bundled:wiki"  # source name or TextSource (its evaluation part)
-    tokens: int = 4096  # tokens to score
-    window: int = 512  # tokens per window
+    eval_tokens: int = 4096  # tokens to score
+    eval_seq_len: int = 512  # tokens per window
     kind = "evaluate"
 
     def check(self, cfg: DeployConfig) -> None:
-        cfg.check_eval(self.tokens)
+        cfg.check_eval(self.eval_tokens)
 
     def session(self, lm, progress=None):
-        """The fit's session, its spec scoring ``tokens`` of ``text`` in windows of ``window``."""
+        """The fit's session, its spec scoring ``eval_tokens`` of ``text`` in windows of ``eval_seq_len``."""
         from ghosted.experiments.session import Session
 
-        spec = self.fit.spec(lm).with_options(eval=text_name(self.text), eval_tokens=self.tokens,
-                                              eval_seq_len=self.window)
+        spec = self.fit.spec(lm).with_options(eval=text_name(self.text), eval_tokens=self.eval_tokens,
+                                              eval_seq_len=self.eval_seq_len)
         return Session(spec, lm, progress, calibration_text=_given_text(self.fit.text),
                        evaluation_text=_given_text(self.text))
 
@@ -273,11 +277,11 @@ def session_run(fitted: FittedRun):
 
 @dataclass(frozen=True)
 class ZeroShotRequest(_Request):
-    """The Compare page's zero-shot scores: ``tasks`` with ``limit`` examples each."""
+    """The Compare page's zero-shot scores: ``tasks`` with ``task_limit`` examples each."""
 
     fit: FitRequest = field(default_factory=FitRequest)
     tasks: tuple[str, ...] = ("bundled-lastword",)  # task names
-    limit: int = 100  # examples per task
+    task_limit: int = 100  # examples per task
     kind = "zeroshot"
 
     def check(self, cfg: DeployConfig) -> None:
@@ -288,7 +292,7 @@ class ZeroShotRequest(_Request):
         """``Session.tasks`` on every variant: accuracy with its 95 % interval per task."""
         from ghosted.experiments.session import Session
 
-        spec = fitted.config.with_options(tasks=list(self.tasks), task_limit=self.limit, num_fewshot=0)
+        spec = fitted.config.with_options(tasks=list(self.tasks), task_limit=self.task_limit, num_fewshot=0)
         run = Session(spec, lm, progress).tasks(variants(lm, fitted))
         notes = [f"zero-shot: skipping {task}: {why}" for task, why in run.skipped.items()]
         return ZeroShot(run.frame, run.protocols, run.skipped, notes)

@@ -160,7 +160,7 @@ def fold_branch_operator(model: nn.Module, layer_index: int, transform: torch.Te
     linear = private_submodule(layer, path)
     if linear.weight.device.type == "meta":  # accelerate offload reloads the original at every call
         raise ValueError(f"Layer {layer_index} is offloaded (device_map), so ReplaceMe's map cannot be "
-                         "folded into its weight; use the hooked form (replaceme_fold=False).")
+                         "folded into its weight; use the hooked form (fold=False, --no-fold).")
     t = transform.double().to(linear.weight.device)  # (d, d)
     weight = linear.weight.double()
     from transformers.pytorch_utils import Conv1D
