@@ -50,7 +50,7 @@ def _flags() -> dict[str, str]:
 
 def _label(name: str) -> str:
     """``calib_seqs (--calib-seqs)``: the setting's name (the API's and the spec's) and its CLI flag; a name
-    that is no setting (an API helper's argument, e.g. ``ghosted.calibrate``'s ``n_seqs``) stands alone."""
+    that is no setting (an argument of ``ghosted.calibrate`` or ``ghosted.evaluate``) stands alone."""
     flag = _flags().get(name)
     return f"{name} ({flag})" if flag else name
 

@@ -13,9 +13,10 @@ KEY = wb.BUNDLED_KEY
 
 
 def test_a_run_and_its_evaluation_survive_the_round_trip():
-    fit = wb.FitRequest(model=KEY, layers=(20, 21, 22, 23, 24, 25), n_seqs=16, seq_len=64, heldout=2, seed=3,
-                        methods=("ghost-auto", "linearpatch-diag"), mode="sequential", batch=2, granularity="layer")
-    evaluation = wb.EvalRequest(fit=fit, tokens=1024, window=256)
+    fit = wb.FitRequest(model=KEY, layers=(20, 21, 22, 23, 24, 25), calib_seqs=16, seq_len=64, heldout_seqs=2,
+                        seed=3, methods=("ghost-auto", "linearpatch-diag"), ghost_mode="sequential", batch_size=2,
+                        granularity="layer")
+    evaluation = wb.EvalRequest(fit=fit, eval_tokens=1024, eval_seq_len=256)
     query = to_query(wb.BUNDLED_MODEL, fit, evaluation)
     assert query["layers"] == "20-25" and query["methods"] == "ghost-auto,linearpatch-diag"
     link = from_query(query, KEY, 30, LOCAL)

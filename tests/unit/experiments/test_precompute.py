@@ -15,7 +15,7 @@ def test_the_default_plan_is_every_preset_of_the_bundled_model_at_the_page_defau
     plan = precompute.default_plan()
     assert [e.preset for e in plan] == list(wb.PRESETS)
     assert all(e.model == wb.BUNDLED_MODEL and e.methods == wb.FitRequest().methods for e in plan)
-    assert all(set(e.eval_tokens) == {wb.EvalRequest().tokens, 1024} for e in plan)
+    assert all(set(e.eval_tokens) == {wb.EvalRequest().eval_tokens, 1024} for e in plan)
 
 
 def test_a_teachers_toml_list(tmp_path):

@@ -12,7 +12,8 @@ from ghosted.experiments.deploy import CLASSROOM, DEMO, LOCAL, PROBE_CHARS_PER_T
 from ghosted.experiments.probes import LensRequest, TokenLossRequest, default_passage
 from tests.tiny import tiny_loaded
 
-FIT = wb.FitRequest(model="tiny", layers=(2, 3), n_seqs=4, seq_len=24, heldout=2, methods=("ghost",), batch=2)
+FIT = wb.FitRequest(model="tiny", layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost",),
+                   batch_size=2)
 
 
 def test_keys_change_with_every_choice_and_only_with_them():

@@ -13,17 +13,17 @@ from ghosted.experiments.deploy import DEMO, LOCAL
 from ghosted.experiments.store import PREFIX
 from tests.tiny import tiny_loaded
 
-SMALL_FIT = dict(layers=(2, 3), n_seqs=4, seq_len=24, heldout=2, methods=("ghost",), batch=2)
+SMALL_FIT = dict(layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost",), batch_size=2)
 
 
 def test_keys_change_with_every_choice_and_only_with_them():
     base = wb.FitRequest(**SMALL_FIT)
     assert base.key() == wb.FitRequest(**SMALL_FIT).key()
     for change in ({"layers": (2, 4)}, {"seed": 1}, {"methods": ("ghost", "replaceme-ls")}, {"text": "bundled:wiki"},
-                   {"model": "other|auto|auto|None|False"}, {"mode": "sequential"}):
+                   {"model": "other|auto|auto|None|False"}, {"ghost_mode": "sequential"}):
         assert wb.FitRequest(**{**SMALL_FIT, **change}).key() != base.key(), change
     assert wb.EvalRequest(fit=base).key() != wb.EvalRequest(fit=wb.FitRequest(**{**SMALL_FIT, "seed": 1})).key()
-    assert wb.EvalRequest(fit=base, tokens=1024).key() != wb.EvalRequest(fit=base).key()
+    assert wb.EvalRequest(fit=base, eval_tokens=1024).key() != wb.EvalRequest(fit=base).key()
 
 
 def test_an_upload_is_named_by_its_content():
@@ -38,9 +38,9 @@ def test_requests_refuse_what_the_deployment_forbids():
     with pytest.raises(ValueError, match="keep at least one"):
         wb.FitRequest(layers=tuple(range(6))).check(LOCAL, 6)
     with pytest.raises(ValueError, match="calibration tokens"):
-        wb.FitRequest(layers=(3,), n_seqs=512).check(DEMO, 30)
+        wb.FitRequest(layers=(3,), calib_seqs=512).check(DEMO, 30)
     with pytest.raises(ValueError, match="evaluation tokens"):
-        wb.EvalRequest(tokens=100_000).check(DEMO)
+        wb.EvalRequest(eval_tokens=100_000).check(DEMO)
     with pytest.raises(ValueError, match="does not compute"):
         wb.InfluenceRequest(metrics=("ppl_single",)).check(DEMO)
     with pytest.raises(ValueError, match="at least one criterion"):
@@ -51,7 +51,7 @@ def test_requests_refuse_what_the_deployment_forbids():
 
 def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     lm = tiny_loaded(layers=6)
-    influence = wb.InfluenceRequest(model="tiny", n_seqs=4, seq_len=24, rec_n=(2,),
+    influence = wb.InfluenceRequest(model="tiny", calib_seqs=4, seq_len=24, rec_n=(2,),
                                     metrics=("streamline_cosine", "block_influence"))
     measured = influence.compute(lm)
     layers, reason = wb.apply_preset(measured.report, "Streamline block of n", 2)
@@ -60,7 +60,7 @@ def test_the_flow_on_a_tiny_model_and_its_results_from_disk(tmp_path):
     fitted = fit.compute(lm)
     assert fitted.methods == ["none", "ghost"] and fitted.layers == layers and fitted.evaluation is None
     assert set(fitted.frames) >= {"errors", "spectra", "asymmetry"}
-    evaluation = wb.EvalRequest(fit=fit, tokens=96, window=24).compute(lm, fitted)
+    evaluation = wb.EvalRequest(fit=fit, eval_tokens=96, eval_seq_len=24).compute(lm, fitted)
     assert evaluation.table.labels == ["dense", "pruned", "ghost"]
     assert fitted.with_results(evaluation=evaluation).evaluation is evaluation and fitted.evaluation is None
 
