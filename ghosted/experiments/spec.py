@@ -333,7 +333,7 @@ def _file_value(f, value, where: str):
     a switch, a whole number for a count, a number for a real, a string or a list of strings), its
     choices, and its comma-list parsing; ``null`` only where the default is. Ranges are checked with
     every other setting by ``ghosted.experiments.validate.check_run``."""
-    from ghosted.experiments.validate import is_whole_number
+    from ghosted.experiments.facts import is_whole_number
 
     label = f"'{where}' ({f.metadata['flag']})"
     kind = f.type.replace(" | None", "")
