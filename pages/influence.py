@@ -36,8 +36,8 @@ def influence_form(cfg, n_layers: int) -> None:
                        "Taylor+, SLEB).")
         st.form_submit_button("Compute influence", type="primary", key="influence_run",
                               disabled=_ui.busy(_ui.INFLUENCE), on_click=_ui.start_job, args=("influence",))
-    _ui.queue_clicked("influence", _ui.INFLUENCE, lambda: request(cfg, text(), calib_seqs, seq_len, rec_n,
-                                                                          metrics))
+    _ui.queue_clicked("influence", _ui.INFLUENCE,
+                      lambda: request(cfg, text(), calib_seqs, seq_len, rec_n, metrics))
 
 
 def request(cfg, text, calib_seqs: int, seq_len: int, rec_n, metrics) -> wb.InfluenceRequest:

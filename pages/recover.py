@@ -24,7 +24,7 @@ def settings_form(cfg, model, layers: list[int]) -> None:
         text = _text.text_inputs(cfg, kind, "calib")
         cols = st.columns(4)
         calib_seqs = cols[0].number_input("Sequences", 1, 4096, DEFAULTS.calib_seqs, key="calib_n",
-                                      help="windows the operators are fitted on")
+                                          help="windows the operators are fitted on")
         seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="calib_len")
         heldout_seqs = cols[2].number_input("Held-out sequences", 0, 1024, DEFAULTS.heldout_seqs,
                                             key="calib_heldout", help="extra windows never fitted: the held-out errors")
@@ -37,8 +37,8 @@ def settings_form(cfg, model, layers: list[int]) -> None:
                                  key="calib_methods", help=METHOD_HELP,
                                  default=[m for m in DEFAULTS.methods if m in fittable])
         ghost_mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True, key="calib_mode",
-                        help="independent: every gap fitted on the dense model (paper); sequential: "
-                             "each gap fitted on the model already pruned and patched upstream")
+                              help="independent: every gap fitted on the dense model (paper); sequential: "
+                                   "each gap fitted on the model already pruned and patched upstream")
         with st.expander("Advanced"):
             batch_size = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch_size,
                                          key="calib_batch")
