@@ -13,7 +13,8 @@ from ghosted.experiments import workbench as wb
 from ghosted.experiments.comparison import Difference, VariantRow, VariantTable, span
 from tests.tiny import tiny_loaded
 
-FIT = dict(model="tiny", layers=(2, 3), n_seqs=4, seq_len=24, heldout=2, methods=("ghost", "ghost-auto"), batch=2)
+FIT = dict(model="tiny", layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost", "ghost-auto"),
+           batch_size=2)
 TIMES = ("eval_seconds", "latency (ms)")  # wall times: differ between two scorings of the same windows
 
 
@@ -23,7 +24,7 @@ def evaluated():
     lm = tiny_loaded(layers=6)
     fit = wb.FitRequest(**FIT)
     fitted = fit.compute(lm)
-    request = wb.EvalRequest(fit=fit, tokens=96, window=24)
+    request = wb.EvalRequest(fit=fit, eval_tokens=96, eval_seq_len=24)
     session = request.session(lm)
     return request.compute(lm, fitted), session.evaluate(wb.session_run(fitted))
 

@@ -15,7 +15,8 @@ from ghosted.experiments.results import ZeroShot
 from ghosted.recovery.diagnostics import directions_holding, removed_shares
 from tests.tiny import tiny_loaded
 
-FIT = dict(model="tiny", layers=(2, 3), n_seqs=4, seq_len=24, heldout=2, methods=("ghost", "ghost-auto"), batch=2)
+FIT = dict(model="tiny", layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost", "ghost-auto"),
+           batch_size=2)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def run():
     lm = tiny_loaded(layers=6)
     fit = wb.FitRequest(**FIT)
     fitted = fit.compute(lm)
-    return fitted.with_results(evaluation=wb.EvalRequest(fit=fit, tokens=96, window=24).compute(lm, fitted))
+    return fitted.with_results(evaluation=wb.EvalRequest(fit=fit, eval_tokens=96, eval_seq_len=24).compute(lm, fitted))
 
 
 def test_pruning_reads_the_gap_its_tokens_and_the_spectrum(run):
