@@ -141,13 +141,19 @@ def _check_windows(model, windows, name: str = "windows") -> None:
 def select(source, metric: str, n: int, windows=None, heldout=None, config=None):
     """The ``n`` layers criterion ``metric`` removes, and a sentence saying why.
 
-    ``source`` is an ``InfluenceReport``, or a model with ``windows`` (only ``metric`` is computed).
+    ``source`` is an ``InfluenceReport``, or a model with ``windows`` (only ``metric`` is computed); a
+    ``LoadedModel`` without ``windows`` is scored on the windows ``python -m ghosted run`` draws (the
+    spec's calibration: ``calib_seqs`` fitted, ``heldout_seqs`` held out).
 
     Example:
         >>> drop, why = ghosted.select(report, "recoverability", 7)   # e.g. [20, ..., 26]
     """
     from ghosted.selection.rules import select as select_layers
 
+    if windows is None and _is_loaded(source):
+        from ghosted.experiments.spec import ExperimentSpec
+
+        windows, heldout = ExperimentSpec().calibration.windows(source.tokenizer)
     return select_layers(source, metric, n, windows=windows, heldout=heldout, config=config)
 
 

@@ -265,7 +265,7 @@ class ExperimentSpec:
 
         r, c = self.recovery, self.calibration
         same = {f.name for f in fields(RecoveryConfig)} & {f.name for f in fields(RecoverySpec)}  # by name
-        return RecoveryConfig(**{name: getattr(r, name) for name in same}, mode=r.ghost_mode, replaceme_fold=r.fold,
+        return RecoveryConfig(**{name: getattr(r, name) for name in same},
                               calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
 
 

@@ -44,7 +44,7 @@ def fit_auto(ctx: FitContext, name: str) -> MethodResult:
     """``ghost-auto``: per gap, the paper's fit, the robust one or no operator, by held-out next-token
     NLL; in sequential mode each gap's candidates are fitted on the model patched upstream."""
     entry = registry.REGISTRY[name]
-    if ctx.cfg.mode == "sequential":
+    if ctx.cfg.ghost_mode == "sequential":
         return _auto_sequential(ctx, entry)
     t0 = time.perf_counter()
     fits, choices, mine, paper = _auto(ctx, name)

@@ -57,11 +57,11 @@ class RecoveryConfig:
     eps: float = 1e-6  # absolute ridge of the ghost solve, as in the paper's code
     solver: str = "solve"  # "solve" (normal equations) or "pinv" (exact minimum-norm, SVD cutoff)
     rcond: float = 1e-6  # singular-value cutoff (relative to the largest) for solver="pinv"
-    mode: str = "independent"  # "independent" (paper: all fits on the dense model) or "sequential"
+    ghost_mode: str = "independent"  # "independent" (paper: all fits on the dense model) or "sequential"
     granularity: str = "auto"  # "block": one operator per contiguous run; "layer": one per removed
     # layer (paper's non-contiguous mode); "auto": block for one contiguous run, layer otherwise
     replaceme_ridge: float = 0.0  # ReplaceMe's alpha (0 in its configs)
-    replaceme_fold: bool = True  # fold T into the output projection (plain checkpoint) when possible
+    fold: bool = True  # fold T into the output projection (plain checkpoint) when possible
     cos_epochs: int = 10  # ReplaceMe-cosine: Adam epochs over the token reservoir (its default)
     cos_lr: float = 1e-4  # ReplaceMe-cosine learning rate (its default)
     cos_batch_tokens: int = 1024  # ReplaceMe-cosine minibatch (its default)
@@ -286,7 +286,7 @@ def _fit_method(entry: registry.Method, ctx: FitContext) -> MethodResult:
     """One method's result, by its registry entry: a whole-cut fit, or one fit per gap (sequential
     when the mode asks for it and the method has that mode; otherwise its notes say it was not)."""
     fit = registry.fit_function(entry)
-    sequential = ctx.cfg.mode == "sequential"
+    sequential = ctx.cfg.ghost_mode == "sequential"
     if entry.scope == "run":
         result = fit(ctx, entry.name)
     elif sequential and entry.sequential:
@@ -315,7 +315,7 @@ def _per_gap(ctx: FitContext, entry: registry.Method, fit: Callable) -> MethodRe
 def assembled_result(ctx: FitContext, entry: registry.Method, fits: dict[Gap, GapFit], choices: list[dict],
                solve_seconds: float, stats, heldout, calib_seconds: float, **extra) -> MethodResult:
     """The model with ``fits`` at their gaps, as ``entry``'s result."""
-    built = assemble(ctx.model, ctx.dropped, fits, entry.name, ctx.cfg.replaceme_fold, ctx.rule)
+    built = assemble(ctx.model, ctx.dropped, fits, entry.name, ctx.cfg.fold, ctx.rule)
     ops = {g: (f.branch if f.branch is not None else f.stream) for g, f in fits.items()}
     return MethodResult(entry.name, built, registry.RESULT_KINDS[entry.kind], ops, stats, heldout, solve_seconds,
                         calib_seconds, fits=fits, choices=choices, **extra)

@@ -78,14 +78,11 @@ def select(source, metric: str, n: int, windows=None, heldout=None,
 
 
 def _model_and_windows(source, windows, heldout, what: str):
-    """(model, windows, held-out windows) of a model source; a ``LoadedModel`` without windows gets the
-    default calibration draw, a bare model must come with windows (``what`` names the caller in the error)."""
-    model, tokenizer = (source.model, source.tokenizer) if hasattr(source, "tokenizer") else (source, None)
+    """(model, windows, held-out windows) of a model source, which must come with its windows (``what``
+    names the caller in the error); ``ghosted.select`` draws the spec's windows for a ``LoadedModel``."""
     if windows is None:
-        if tokenizer is None:
-            raise ValueError(f"{what} on a bare model needs calibration windows (windows=...).")
-        windows, heldout = _default_windows(tokenizer)
-    return model, windows, heldout
+        raise ValueError(f"{what} on a model needs calibration windows (windows=...).")
+    return (source.model if hasattr(source, "tokenizer") else source), windows, heldout  # a LoadedModel or a module
 
 
 def _report_for(source, metric: str, n: int, windows, heldout, config) -> InfluenceReport:
@@ -94,12 +91,6 @@ def _report_for(source, metric: str, n: int, windows, heldout, config) -> Influe
     cfg = InfluenceConfig(**{**vars(base), "metrics": [metric], "n_values": [n], "recoverability_n_values": None,
                              "sleb_steps": n if metric == "sleb" else base.sleb_steps})
     return influence(model, windows, cfg, heldout=heldout)
-
-
-def _default_windows(tokenizer):
-    from ghosted.data.windows import calibration_windows, split_calibration
-
-    return split_calibration(calibration_windows(tokenizer, "bundled:news", 40, 256, 0), 8)
 
 
 def _direction(metric: str) -> tuple[bool, str]:

@@ -170,7 +170,7 @@ def test_sequential_fits_report_each_gap():
 
     recorder = Recorder()
     recover(tiny_model("llama"), "1,4", ["ghost"], windows(4), windows(2, seed=1),
-            RecoveryConfig(mode="sequential"), progress=recorder, cache=False)
+            RecoveryConfig(ghost_mode="sequential"), progress=recorder, cache=False)
     assert_every_stage_completes(recorder)
     labels = [run[0][0] for run in recorder.stages()]
     assert labels[:2] == ["calibration", "held-out statistics"]

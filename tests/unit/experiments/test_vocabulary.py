@@ -125,9 +125,7 @@ SPELLINGS = {  # pattern of a former spelling -> files (under ghosted/ and pages
         "ghosted/experiments/spec.py": "FORMER_NAMES, which refuses it with the name to use",
     },
     r"\breplaceme_fold\b|\.mode\b|\bmode=": {
-        "ghosted/recovery/fitting.py": "RecoveryConfig, the fitting code's own config, recorded in saved recipes",
-        "ghosted/recovery/auto.py": "reads RecoveryConfig.mode",
-        "ghosted/experiments/spec.py": "recovery_config() fills RecoveryConfig; FORMER_NAMES",
+        "ghosted/experiments/spec.py": "FORMER_NAMES, which refuses them with the name to use",
         "pages/_charts.py": "Plotly's trace mode (markers, lines)",
     },
     r"\bheldout: int\b|\bheldout=int|CalibrationSpec\(": {  # a count of held-out windows; the nested names

@@ -104,7 +104,7 @@ def test_the_sharded_model_is_not_changed(sharded):
     before = logits(sharded, ids)
     hooks = {name: module._hf_hook for name, module in sharded.named_modules() if hasattr(module, "_hf_hook")}
     run = recover(sharded, DROP, ["ghost", "replaceme-ls"], windows(),
-                  config=RecoveryConfig(replaceme_fold=False))
+                  config=RecoveryConfig(fold=False))
     greedy(run.results["ghost"].model, ids)
     assert torch.equal(logits(sharded, ids), before)  # untouched: same bits (same machine, same thread count)
     assert len(sharded.model.layers) == 6 and not hasattr(sharded.model.layers[2], "ghosted_post")
@@ -117,7 +117,7 @@ def test_replaceme_on_an_offloaded_layer(dense, sharded):
     calib, ids = windows(), random_ids(2, 12, seed=3)
     with pytest.raises(ValueError, match="offloaded"):  # folding into "meta" would be silently lost
         recover(sharded, DROP, ["replaceme-ls"], calib)
-    hooked = RecoveryConfig(replaceme_fold=False)
+    hooked = RecoveryConfig(fold=False)
     ref = recover(dense, DROP, ["replaceme-ls"], calib, config=hooked)
     got = recover(sharded, DROP, ["replaceme-ls"], calib, config=hooked)
     assert torch.allclose(logits(got.results["replaceme-ls"].model, ids),

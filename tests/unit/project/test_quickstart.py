@@ -105,7 +105,7 @@ def test_fit_and_run_take_the_spec_names():
     from tests.tiny import tiny_loaded, tiny_model
 
     run = ghosted.fit(tiny_model("llama"), "2-3", tiny_windows(), "ghost", ghost_mode="sequential", fold=False)
-    assert run.config.mode == "sequential" and run.config.replaceme_fold is False
+    assert run.config.ghost_mode == "sequential" and run.config.fold is False
     report, _ = ghosted.run(model=tiny_loaded(6), drop="2-3", methods=["none"], ghost_mode="sequential",
                             calib_seqs=2, seq_len=32, heldout_seqs=0, eval_tokens=64, eval_seq_len=32, cache=False)
     assert report["spec"]["recovery"]["ghost_mode"] == "sequential"

@@ -17,7 +17,7 @@ from tests.tiny import random_ids, tiny_model
 from tests.tolerance import TINY_MODEL_TOL
 
 DROP = "1,3-4"  # three layer gaps: 1-2, 3-4, 4-5
-SEQUENTIAL = RecoveryConfig(mode="sequential")
+SEQUENTIAL = RecoveryConfig(ghost_mode="sequential")
 
 
 def windows(n: int, seed: int, length: int = 24):

@@ -100,9 +100,9 @@ def test_replaceme_folded_equals_hooked(family):
     model = tiny_model(family, layers=6)
     w = windows()
     folded = recover(model, "2-3", ["replaceme-ls"], w,
-                     config=RecoveryConfig(replaceme_fold=True)).results["replaceme-ls"]
+                     config=RecoveryConfig(fold=True)).results["replaceme-ls"]
     hooked = recover(model, "2-3", ["replaceme-ls"], w,
-                     config=RecoveryConfig(replaceme_fold=False)).results["replaceme-ls"]
+                     config=RecoveryConfig(fold=False)).results["replaceme-ls"]
     assert not operators_of(folded.model) and operators_of(hooked.model)
     ids = random_ids(2, 16, seed=5)
     torch.testing.assert_close(folded.model(ids).logits, hooked.model(ids).logits, rtol=1e-4, atol=1e-4)
@@ -147,7 +147,7 @@ def test_non_contiguous_gets_one_chained_operator_per_removed_layer():
 
 def test_sequential_mode_fits_on_the_patched_stream():
     model = tiny_model("llama", layers=8)
-    cfg = RecoveryConfig(mode="sequential")
+    cfg = RecoveryConfig(ghost_mode="sequential")
     seq = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1), cfg).results["ghost"]
     ind = recover(model, "2,5", ["ghost"], windows(), windows(2, seed=1)).results["ghost"]
     first, second = Gap(2, 3), Gap(5, 6)

@@ -102,7 +102,7 @@ def test_tiny_model_gives_the_recorded_numbers():
     got = {"dense": perplexity(model, ev).ppl}
     independent, run = perplexities(model, CLOSED_FORM, "1,3-4", calib, held, ev)
     sequential, _ = perplexities(model, ["ghost", "ghost-robust"], "1,3-4", calib, held, ev,
-                                 RecoveryConfig(mode="sequential"), suffix=" sequential")
+                                 RecoveryConfig(ghost_mode="sequential"), suffix=" sequential")
     assert_golden({**got, **independent, **sequential}, TINY_GOLDEN, TINY_MODEL_TOL)
     assert [(c["gap"], c["chosen"]) for c in run.results["ghost-auto"].choices] == TINY_AUTO_CHOICES
     assert float32_tol(VOCAB) == TINY_MODEL_TOL  # the rule of the bundled check below, on the tiny vocabulary
