@@ -77,18 +77,17 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 def handle(args) -> int:
     from ghosted.models.architecture import num_layers
-    from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.selection.criteria import InfluenceConfig, influence
     from ghosted.selection.rules import selections
     from ghosted.core.ownership import claim_output_dir
     from ghosted.experiments.facts import facts_of_model
     from ghosted.experiments.plans import plan_influence
 
-    metrics, n_values = check_args(args)  # every setting, before the model is loaded
+    spec, metrics, n_values = check_args(args)  # every setting, before the model is loaded
     if args.dry_run:
         facts = facts_from_args(args)
         _check_model(args, n_values, facts)
-        print(plan_influence(args, metrics, facts))
+        print(plan_influence(spec, metrics, args.n_values, args.out_dir, facts))
         return 0
     lm = load_from_args(args)
     _check_model(args, n_values, facts_of_model(lm.model))  # before any forward pass
@@ -98,7 +97,7 @@ def handle(args) -> int:
                           batch_size=args.batch_size, eps=args.eps,
                           candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
                           max_gram_gib=args.max_gram_gib)
-    fit, held = spec_from_args(args).calibration.windows(lm.tokenizer)
+    fit, held = spec.calibration.windows(lm.tokenizer)
     with progress_from_args(args) as progress:
         report = influence(lm.model, fit, cfg, heldout=held, progress=progress)
     report.meta["model"] = lm.name
@@ -112,23 +111,25 @@ def handle(args) -> int:
     return 0
 
 
-def check_args(args) -> tuple[list[str], list[int] | None]:
-    """Every setting that needs no model: (criteria, block sizes or None for all)."""
+def check_args(args) -> tuple:
+    """Every setting that needs no model: (the spec the flags give, criteria, block sizes or None for all)."""
     from ghosted.models.pruning import parse_layers
+    from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.experiments.validate import check_calibration, check_count, check_eps, check_out_dir
 
     check_out_dir(args.out_dir, overwrite=args.overwrite, model=args.model,
                   names=INFLUENCE_FILES)  # cheapest first: a bad --out-dir fails before any text is read
-    check_calibration(args)
+    spec = spec_from_args(args)
+    check_calibration(spec)
     check_eps(args.eps)
     check_count("candidate_windows", args.candidate_windows, minimum=0)
     check_count("sleb_steps", args.sleb_steps, minimum=0)
     if not args.max_gram_gib > 0:
         raise ValueError(f"max_gram_gib (--max-gram-gib) must be above 0; got {args.max_gram_gib}.")
-    metrics = parse_metrics(args.metrics, args.heldout_seqs > 0)
+    metrics = parse_metrics(args.metrics, spec.calibration.heldout > 0)
     n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
     _check_n_values(n_values, None)
-    return metrics, n_values
+    return spec, metrics, n_values
 
 
 def _check_n_values(n_values: list[int] | None, total: int | None) -> None:

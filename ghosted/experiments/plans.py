@@ -123,10 +123,12 @@ def plan_export(spec, facts: ModelFacts, out: str) -> str:
     return "\n".join(["dry run: nothing is loaded, computed or written", *lines])
 
 
-def plan_influence(args, metrics: list[str], facts: ModelFacts) -> str:
-    """What ``influence`` would do (``--dry-run``)."""
-    lines = [_facts_line(args.model, facts), _calibration_line(args), f"criteria: {', '.join(metrics)}",
-             f"block sizes n: {args.n_values}; output folder: {args.out_dir}",
-             f"estimated forward passes: {_batches(args.calib_seqs, args.batch_size)} batches for the shared pass, "
+def plan_influence(spec, metrics: list[str], n_values: str, out_dir: str, facts: ModelFacts) -> str:
+    """What ``influence`` would do (``--dry-run``): ``spec`` gives the model and the calibration windows,
+    ``n_values`` the block sizes as given (``"all"`` or a list)."""
+    cfg = spec.flat()
+    lines = [_facts_line(cfg.model, facts), _calibration_line(cfg), f"criteria: {', '.join(metrics)}",
+             f"block sizes n: {n_values}; output folder: {out_dir}",
+             f"estimated forward passes: {_batches(cfg.calib_seqs, cfg.batch_size)} batches for the shared pass, "
              "more for ppl_single and sleb (one pass per candidate layer) and taylor (one backward pass)"]
     return "\n".join(["dry run: nothing is loaded or computed", *lines])

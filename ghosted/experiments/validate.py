@@ -234,6 +234,7 @@ def flat_settings(cfg):
 
 def check_calibration(cfg, min_seqs: int = 1) -> None:
     """The calibration fields shared by an ExperimentSpec, a GridConfig and export: sizes, seed, batch, source."""
+    cfg = flat_settings(cfg)
     check_windows("calib_seqs", cfg.calib_seqs, "seq_len", cfg.seq_len, min_seqs)
     check_count("heldout_seqs", cfg.heldout_seqs, 0, MAX_TOKENS)
     check_tokens(f"({_label('calib_seqs')} + {_label('heldout_seqs')}) x {_label('seq_len')}",
