@@ -43,6 +43,7 @@ if __package__ in (None, ""):
 from bench._common import ROOT, machine, today  # noqa: E402
 from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores  # noqa: E402
 from bench.load_usage import Usage, tree_rss_mib, wait_quiet  # noqa: E402
+from bench.load_logs import busy_page_runs, job_lines, job_summary, quantile, told  # noqa: E402
 from bench.load_report import RESULTS, cell_name, load_results, write_report  # noqa: E402
 from tests.e2e.conftest import _free_port, _wait_healthy, stop  # noqa: E402  (the browser tests' server)
 
@@ -220,13 +221,6 @@ async def sessions(url: str, count: int, choices: str, server_pid: int, record_w
 
 # --- a cell: N sessions with the same or different choices ---------------------------------------------------
 
-def quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summary(records: list[dict]) -> dict:
     out = {}
     for step in (*STEPS, "total"):
@@ -239,34 +233,6 @@ def summary(records: list[dict]) -> dict:
     out["errors"] = sum(len(r["errors"]) for r in records)
     out["saw_queue_place"] = sum("place" in r.get("queue_text", "") for r in records)
     return out
-
-
-def job_lines(log: Path) -> list[str]:
-    return log.read_text().splitlines() if log.exists() else []
-
-
-def job_summary(log: Path, skip: int = 0) -> dict:
-    """What the server computed, from its job log (after its first ``skip`` jobs, the warm-up): per kind,
-    jobs done and their summed seconds."""
-    jobs = [json.loads(line) for line in job_lines(log)[skip:]]
-    out = {}
-    for job in jobs:
-        entry = out.setdefault(job["kind"], {"done": 0, "other": 0, "seconds": 0.0})
-        if job["state"] == "done":
-            entry["done"] += 1
-            entry["seconds"] += job["seconds"] or 0.0
-        else:
-            entry["other"] += 1
-    return out
-
-
-def busy_page_runs(pages: Path, jobs: Path, since: float) -> dict:
-    """The server's side of page switches: how long it took to draw each page it was asked for after
-    ``since`` (wall clock) while a job was running, from its page log and job log (median, p95, count)."""
-    running = [(j["ended"] - j["seconds"], j["ended"]) for j in map(json.loads, job_lines(jobs)) if j["seconds"]]
-    runs = [r["seconds"] for r in map(json.loads, job_lines(pages))
-            if r["started"] >= since and any(start <= r["started"] < end for start, end in running)]
-    return {"median_s": statistics.median(runs) if runs else None, "p95_s": quantile(runs, 0.95), "count": len(runs)}
 
 
 def run_cell(count: int, choices: str, precomputed: bool, server_cores: int | None = None) -> dict:
@@ -294,10 +260,11 @@ def run_cell(count: int, choices: str, precomputed: bool, server_cores: int | No
                 remove_group(group[0])
         jobs = job_summary(log, skip=warm.get("jobs", 0))
         page_runs = busy_page_runs(Path(tmp) / "pages.jsonl", log, warm.get("since", 0.0))
+        queue_told = told(Path(tmp) / "pages.jsonl", warm.get("since", 0.0))
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
             "warm_up_s": warm.get("seconds"), "warm_up_jobs": warm.get("jobs"),
             "server_idle_mib": idle_mib, "server_peak_mib": usage.peak, **summary(records),
-            "server_page_run": page_runs, "jobs": jobs,
+            "server_page_run": page_runs, "told": queue_told, "jobs": jobs,
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "server_cpu_s": usage.cpu_s("server") - warm.get("server_cpu", 0.0),
             "browser_cpu_s": usage.cpu_s("browsers") - warm.get("browser_cpu", 0.0), "browsers": held_back,

@@ -33,7 +33,8 @@ def seconds(entry: dict, digits: int | None = None) -> str:
 def report_table(results: dict) -> str:
     header = ["sessions", "choices", "precomputed", "cores: server / browsers", "influence s (median / p95)",
               "recovered run s", "compared s", "whole flow s", "page switch while jobs run s",
-              "server's page run while jobs run s", "saw the queue's panel / their place", "errors",
+              "server's page run while jobs run s", "waited for a job: saw the queue's panel / their place",
+              "first estimate / actual wait s (median)", "errors",
               "server peak MiB", "jobs computed", "wall / summed job time", "CPU s: server / browsers", "load before"]
     rows = []
     for cell in sorted(results["cells"].values(), key=lambda c: (c["precomputed"], c["choices"], c["sessions"])):
@@ -41,7 +42,7 @@ def report_table(results: dict) -> str:
         rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no", cores_text(cell),
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
                      seconds(cell["total"]), seconds(switch, 1) if switch["count"] else "-", page_runs_text(cell),
-                     saw_text(cell), cell["errors"],
+                     saw_text(cell), estimate_text(cell), cell["errors"],
                      f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell), cpu_text(cell),
                      f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
     return table(header, rows)
@@ -55,9 +56,25 @@ def cores_text(cell: dict) -> str:
 
 
 def saw_text(cell: dict) -> str:
-    """Sessions whose browser drew the queue's panel (waiting or running) / saw a place in it, of all."""
-    panel = sum(bool(r.get("queue_text")) for r in cell.get("records", []))
-    return f"{panel} / {cell['saw_queue_place']} of {cell['sessions']}"
+    """Of the sessions that waited for a job, from the server's page log: those the queue's panel reached /
+    those shown their place in it, and those who waited without it ("silent"); cells measured before the
+    log recorded it: what the sessions' browsers drew, of all sessions."""
+    said = cell.get("told")
+    if said is None:
+        panel = sum(bool(r.get("queue_text")) for r in cell.get("records", []))
+        return f"{panel} / {cell['saw_queue_place']} of {cell['sessions']} (browsers)"
+    if not said["waited"]:
+        return "none waited"
+    return f"{said['panel']} / {said['place']} of {said['waited']}, {said['silent']} silent"
+
+
+def estimate_text(cell: dict) -> str:
+    """The first wait estimate a queued session was shown against the wait it had (medians, with the count)."""
+    said = cell.get("told")
+    if not said or not said["estimate"]["count"]:
+        return "-"
+    return (f"{said['estimate']['median_s']:.0f} / {said['actual']['median_s']:.0f} "
+            f"({said['estimate']['count']} waits)")
 
 
 def page_runs_text(cell: dict) -> str:
@@ -107,8 +124,7 @@ def deploy_sentence(results: dict) -> str:
              f"mode{', precomputed' if lone['precomputed'] else ''}): a lone visitor following the teaching flow "
              f"had compared results after {lone['total']['median_s']:.0f} s"]
     for c in sorted(classes, key=lambda c: c["choices"]):
-        place = (f", {saw_text(c).split(' / ')[0]} of them saw the queue's panel before their run was done"
-                 if c["choices"] == "different" else "")
+        place = told_words(c) if c["choices"] == "different" else ""
         switch = (f", page switches while jobs ran {seconds(c['page_switch'], 1)} s (median / p95) in the browser"
                   if c["page_switch"]["count"] else "")
         if (c.get("server_page_run") or {}).get("count"):
@@ -120,6 +136,17 @@ def deploy_sentence(results: dict) -> str:
                      f"{c['total']['finished']} of {c['sessions']} finished, {c['errors']} error(s){place}{switch}, "
                      f"the server at most {c['server_peak_mib'] / 1024:.1f} GiB{cpu_words(c)}")
     return "; ".join(parts) + ". The full table is in docs/BENCHMARKS.md (section \"A class at once\")."
+
+
+def told_words(cell: dict) -> str:
+    """Who of a class waited for a job and what the queue's panel told them."""
+    said = cell.get("told")
+    if said is None:
+        return f", {saw_text(cell).split(' / ')[0]} of them saw the queue's panel before their run was done"
+    if not said["waited"]:
+        return ", none of them waited for a job"
+    return (f", {said['panel']} of the {said['waited']} who waited for a job saw the queue's panel "
+            f"({said['place']} with their place in it, {said['silent']} waited without it)")
 
 
 def cpu_words(cell: dict) -> str:
@@ -139,7 +166,10 @@ def write_report(results: dict, argv: list[str] | None) -> None:
             "step's first click; \"page switch\" is the time from a click on the top bar to the next page's "
             "title, while that session's run was being computed, as its browser saw it (a held-back browser waits "
             "for the CPU to draw, see below); \"server's page run\" is the server's own part: how long it took "
-            "to run any page asked for while a job ran (its page log, `GHOSTED_PAGE_LOG`). "
+            "to run any page asked for while a job ran (its page log, `GHOSTED_PAGE_LOG`). The same log says who "
+            "asked for a job that was not yet done (\"waited\"), which of them the queue's panel reached and "
+            "showed a place, who waited more than two seconds without it (\"silent\"), and the first estimate "
+            "a queued session was shown against the seconds it then waited for its answer. "
             "Each cell starts a fresh server and visits it "
             "once before the sessions and waits until it is quiet (untimed: the model loads and the server "
             "computes its warm-up, the precomputed runs, as on a "

@@ -18,11 +18,12 @@ from urllib.parse import urlencode
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, eventlog, from_env,
+from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env,
                                          heap, links, load_any, num_layers, precompute, release_gpu_cache,
                                          workbench as wb)
 from pages import _restore
-from pages._status import USER_ERRORS, user_errors, wait_text  # noqa: F401 (re-exported: pages call them here)
+from pages._status import (  # noqa: F401 (re-exported: pages call them here)
+    USER_ERRORS, log_answered, log_event, log_panel, page_run, user_errors, wait_text)
 from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
     SELECTION, check_selection, selection, selection_text, set_selection)
 
@@ -114,12 +115,6 @@ def deployment() -> DeployConfig:
 
 
 model_key = wb.model_key  # a string naming everything that changes the loaded model
-
-
-def page_run(title: str):
-    """Time one page run for the operator's page log (``$GHOSTED_PAGE_LOG``; nothing without it): how long
-    the server took to draw the page, read by ``bench/load.py`` while others' jobs run."""
-    return eventlog.timed(eventlog.log_path("GHOSTED_PAGE_LOG"), page=title)
 
 
 def _release(loaded: LoadedModel) -> None:
@@ -242,7 +237,7 @@ def warm_up() -> None:
     except USER_ERRORS:
         return  # a broken list or model: the pages say so when they are used; nothing to warm
     for fit in requests:
-        backend().submit(fit.key(), fit.kind, work_of(fit, lm), WARM_OWNER)
+        backend().submit(fit.key(), fit.kind, work_of(fit, lm), WARM_OWNER, timed=False)  # not in estimates
 
 
 def request_of(name: str):
@@ -274,7 +269,8 @@ def ask(name: str, request) -> None:
     """Make ``request`` this session's under ``name`` and queue it (joined with an identical one, or
     answered from the store at once)."""
     st.session_state[name] = request
-    backend().submit(request.key(), request.kind, work_of(request, load(st.session_state[MODEL])), owner())
+    status = backend().submit(request.key(), request.kind, work_of(request, load(st.session_state[MODEL])), owner())
+    log_event("asked", key=request.key(), kind=request.kind, owner=owner(), state=status.state)
 
 
 def start_job(name: str) -> None:
@@ -323,7 +319,10 @@ def answer(name: str, label: str):
         ask(name, request)
         status = queue.status(request.key(), owner())
     if status is None or status.state == "done":
-        return status.result if status is not None and status.result is not None else result(name)
+        found = status.result if status is not None and status.result is not None else result(name)
+        if found is not None:
+            log_answered(request.key(), owner())
+        return found
     if status.finished:
         st.session_state.pop(name, None)
         if status.state == "cancelled":
@@ -345,6 +344,7 @@ def job_panel(key: str, label: str) -> None:
     status = queue.status(key, owner())
     if status is None or status.finished:
         st.rerun()
+    log_panel(status, owner())
     with st.container(border=True):
         share = status.done / status.total if status.total else 0.0
         st.progress(min(max(share, 0.0), 1.0), text=f"**{label}**: {wait_text(status)}")

@@ -111,6 +111,7 @@ class _Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
     alive_checked: float = 0.0
+    timed: bool = True  # its duration feeds the wait estimates (not a server's warm-up job)
 
 
 class JobQueue:
@@ -134,16 +135,17 @@ class JobQueue:
 
     # --- what a session calls -----------------------------------------------------------------------
 
-    def submit(self, key: str, kind: str, work: Callable, owner: str) -> JobStatus:
+    def submit(self, key: str, kind: str, work: Callable, owner: str, timed: bool = True) -> JobStatus:
         """Queue ``work(progress)`` under ``key`` for ``owner``; joins an identical job, or answers from
-        the store. Returns at once."""
+        the store. Returns at once. ``timed=False``: its duration is left out of the wait estimates (a
+        server's warm-up, which runs while the server starts and would make every estimate too long)."""
         if (result := self.store.get(key)) is not None:
             return JobStatus(key, kind, "done", result=result)
         with self._cond:
             job = self._jobs.get(key)
             if job is None:
                 self._ended.pop(key, None)
-                job = self._jobs[key] = _Job(key, kind, work)
+                job = self._jobs[key] = _Job(key, kind, work, timed=timed)
                 self._waiting.append(key)
                 self._start_workers()
                 self._cond.notify()
@@ -274,7 +276,8 @@ class JobQueue:
             seconds = self._clock() - job.started
             self.store.put(job.key, result, job.kind)
             with self._cond:
-                self._durations.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
+                if job.timed:
+                    self._durations.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
                 self._end(job, "done")
 
     def _next_job(self) -> _Job:

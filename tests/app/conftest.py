@@ -60,8 +60,8 @@ def _jobs_end_before_the_page_draws():
     element (the browser instead polls). For the whole of tests/app (and only there: the unit tests of
     the queue see it as it is), so module-scoped flows get it too; tests marked
     ``async_jobs`` see the queue as it is (``_async_jobs``)."""
-    def submit_and_wait(self, key, kind, work, owner):
-        status = QUEUED_SUBMIT(self, key, kind, work, owner)
+    def submit_and_wait(self, key, kind, work, owner, **options):
+        status = QUEUED_SUBMIT(self, key, kind, work, owner, **options)
         return status if status.finished else self.wait(key)
 
     with pytest.MonkeyPatch.context() as patch:

@@ -85,6 +85,30 @@ def test_two_sessions_share_one_job_and_see_it_while_it_runs(monkeypatch, gate):
 
 
 @pytest.mark.async_jobs
+def test_the_page_log_records_what_each_waiting_session_was_told(monkeypatch, gate, tmp_path):
+    """What the load benchmark reads: each ask, each panel (with its place) and the first answer, by owner."""
+    import json
+
+    log = tmp_path / "pages.jsonl"
+    monkeypatch.setenv("GHOSTED_PAGE_LOG", str(log))
+    at = session(monkeypatch)
+    small_influence(at).button(key="influence_run").click().run()
+    key = at.session_state[_ui.INFLUENCE].key()
+    gate.set()
+    assert _ui.backend().wait(key, WAIT).state == "done"
+    at.run()
+    at.run()  # a second look at the result is not a second answer
+    events = [e for e in map(json.loads, log.read_text().splitlines()) if e.get("key") == key]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "asked" and "panel" in kinds and kinds.count("answered") == 1
+    assert kinds.index("panel") < kinds.index("answered")
+    assert len({e["owner"] for e in events}) == 1 and all(e["time"] > 0 for e in events)
+    panel = next(e for e in events if e["event"] == "panel")
+    assert panel["state"] in ("queued", "running") and panel["kind"] == "influence"
+    assert (panel["position"] >= 1) == (panel["state"] == "queued")
+
+
+@pytest.mark.async_jobs
 def test_a_waiting_session_can_cancel(monkeypatch, gate):
     at = session(monkeypatch)
     small_influence(at).button(key="influence_run").click().run()

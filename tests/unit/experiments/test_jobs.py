@@ -88,6 +88,20 @@ def test_places_in_the_queue_and_the_wait_estimate_from_past_durations():
     queue.cancel("d", "s3")
 
 
+def test_an_untimed_job_is_left_out_of_the_estimates():
+    """A server's warm-up runs while the server starts: its durations would make every estimate too long."""
+    clock = FakeClock()
+    queue = JobQueue(workers=1, clock=clock)
+    for key, timed, seconds in (("warm", False, 50.0), ("class", True, 10.0)):
+        gate = Gate(key)
+        queue.submit(key, "fit", gate, "s1", timed=timed)
+        assert gate.started.wait(WAIT)
+        clock.now += seconds
+        gate.opened.set()
+        assert queue.wait(key, WAIT).state == "done"
+        assert queue.expected_s("fit") == (None if not timed else 10.0)  # the warm-up's 50 s never counted
+
+
 def test_cancel_drops_a_queued_job_and_stops_a_running_one():
     queue = JobQueue(workers=1)
     running, queued = Gate("r"), Gate("q")

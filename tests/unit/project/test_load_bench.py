@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from bench.load import busy_page_runs
+from bench.load_logs import busy_page_runs, told
 from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores
 from bench.load_usage import Usage, cpu_seconds_by_pid, tree_pids
-from bench.load_report import cell_name, cores_text, cpu_text, report_table
+from bench.load_report import cell_name, cores_text, cpu_text, estimate_text, report_table, saw_text
 
 
 def test_usage_counts_the_server_tree_apart_from_the_rest(tmp_path):
@@ -75,6 +75,42 @@ def test_page_runs_count_only_while_a_job_ran_after_the_class_arrived(tmp_path):
     runs = busy_page_runs(pages, jobs, since=95.0)
     assert runs["count"] == 2 and runs["median_s"] == pytest.approx(0.3)
     assert busy_page_runs(pages, tmp_path / "none.jsonl", since=0.0)["count"] == 0
+
+
+def test_what_waiting_sessions_were_told_comes_from_the_page_log(tmp_path):
+    def event(kind, owner, at, **fields):
+        return {"event": kind, "owner": owner, "key": fields.pop("key", "fit-1"), "time": at, **fields}
+
+    pages = tmp_path / "pages.jsonl"
+    lines = [{"page": "Model", "started": 100.0, "seconds": 0.1},  # a page run: not an event
+             event("asked", "early", 50.0, state="queued"),  # before the class arrived
+             event("asked", "a", 100.0, state="queued"),
+             event("panel", "a", 101.0, state="queued", position=2, wait_s=30.0),
+             event("panel", "a", 102.0, state="running", position=0, wait_s=20.0),
+             event("answered", "a", 121.0),
+             event("asked", "b", 100.0, state="running"),
+             event("panel", "b", 101.0, state="running", position=0, wait_s=None),
+             event("answered", "b", 110.0),
+             event("asked", "c", 100.0, state="done"),  # answered from the store: never waited
+             event("asked", "d", 100.0, state="queued"),  # quick: answered before a panel was drawn
+             event("answered", "d", 101.5),
+             event("asked", "e", 100.0, state="queued"),  # waited with no panel: silent
+             event("answered", "e", 140.0)]
+    pages.write_text("\n".join(json.dumps(line) for line in lines))
+    said = told(pages, since=90.0)
+    assert (said["waited"], said["panel"], said["place"], said["silent"]) == (4, 2, 1, 1)
+    assert said["estimate"]["median_s"] == 30.0 and said["actual"]["median_s"] == 20.0  # a: told 30, waited 20
+    cell = {"sessions": 5, "told": said}
+    assert saw_text(cell) == "2 / 1 of 4, 1 silent" and estimate_text(cell) == "30 / 20 (1 waits)"
+    assert saw_text({"sessions": 5, "told": {**said, "waited": 0}}) == "none waited"
+
+
+def test_page_runs_leave_out_the_events_of_the_page_log(tmp_path):
+    jobs, pages = tmp_path / "jobs.jsonl", tmp_path / "pages.jsonl"
+    jobs.write_text(json.dumps({"seconds": 10.0, "ended": 110.0}))
+    pages.write_text("\n".join(json.dumps(line) for line in [{"page": "Model", "started": 101.0, "seconds": 0.2},
+                                                               {"event": "panel", "time": 102.0, "owner": "a"}]))
+    assert busy_page_runs(pages, jobs, since=95.0)["count"] == 1
 
 
 def test_cores_split_between_the_server_and_the_browsers():
