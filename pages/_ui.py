@@ -12,7 +12,6 @@ import gc
 import threading
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from urllib.parse import urlencode
 
 import streamlit as st
@@ -22,6 +21,7 @@ from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, P
                                          heap, links, load_any, num_layers, precompute, release_gpu_cache,
                                          workbench as wb)
 from pages import _restore
+from pages._frame import DEEP_LINK, FRAMED, open_deep_link, require_frame  # noqa: F401 (re-exported)
 from pages._status import (  # noqa: F401 (re-exported: pages call them here)
     USER_ERRORS, log_answered, log_event, log_panel, page_run, user_errors, wait_text)
 from pages._selection import (  # noqa: F401 (re-exported: the pages call them through _ui)
@@ -36,8 +36,6 @@ EVALUATION = "ghosted.evaluation"  # EvalRequest: perplexity of the run's varian
 ZEROSHOT = "ghosted.zeroshot"  # ZeroShotRequest: zero-shot accuracy of the run's variants
 GENERATIONS = "ghosted.generations"  # GenerationRequest: the run's variants continuing prompts
 BUSY = "ghosted.busy"  # name of the job whose button was clicked and not yet queued, or None
-FRAMED = "ghosted.framed"  # set by app.py while it runs a page
-DEEP_LINK = "ghosted.deep_link"  # page asked for before app.py had ever run on this server
 OWNER = "ghosted.owner"  # this session's token in the job queue (``owner``)
 LINK_READ = "ghosted.link_read"  # True once this session's URL query parameters were read
 RESULTS = (SELECTION, REASON, INFLUENCE, RUN, EVALUATION, ZEROSHOT, GENERATIONS)  # what a model switch drops
@@ -52,24 +50,6 @@ def init_state() -> None:
     st.session_state.setdefault(MODEL, dict(DEFAULT_SPEC))
     st.session_state.setdefault(SELECTION, [])
     st.session_state.setdefault(BUSY, None)
-
-
-def require_frame(page_file: str) -> None:
-    """Make sure the page runs inside app.py (navigation, sidebar badge).
-
-    A ``pages/`` folder next to the entrypoint makes Streamlit run a deep-linked page (e.g. /compare)
-    on its own until some session has called ``st.navigation``, i.e. on the first request after a
-    server start. Such a run goes through app.py first, which then opens the page asked for.
-    """
-    if not st.session_state.get(FRAMED):
-        st.session_state[DEEP_LINK] = f"pages/{Path(page_file).name}"
-        st.switch_page("app.py")
-
-
-def open_deep_link() -> None:
-    """In app.py, after ``st.navigation``: open the page a first request asked for."""
-    if target := st.session_state.pop(DEEP_LINK, None):
-        st.switch_page(target)
 
 
 def open_link() -> None:
