@@ -131,6 +131,7 @@ class JobQueue:
         self._waiting: deque[str] = deque()  # queued keys, first in first out
         self._ended: OrderedDict[str, _Job] = OrderedDict()  # failed or cancelled, newest last
         self._durations: dict[str, deque] = {}  # kind -> seconds of its last jobs
+        self._untimed: dict[str, deque] = {}  # kind -> seconds of its last untimed jobs (the warm-up's)
         self._threads: list[threading.Thread] = []
 
     # --- what a session calls -----------------------------------------------------------------------
@@ -188,10 +189,10 @@ class JobQueue:
         return self.status(key)
 
     def expected_s(self, kind: str) -> float | None:
-        """The median duration of the last jobs of ``kind``, None before the first one ended."""
+        """The median duration of the last jobs of ``kind`` (the warm-up's until a timed one ended), None
+        before the first one ended."""
         with self._cond:
-            past = self._durations.get(kind)
-            return statistics.median(past) if past else None
+            return self._expected().get(kind)
 
     # --- inside ------------------------------------------------------------------------------------
 
@@ -209,7 +210,7 @@ class JobQueue:
         if job.state not in ("queued", "running"):
             return 0.0
         now, ahead = self._clock(), 0.0
-        expected = {kind: statistics.median(d) for kind, d in self._durations.items() if d}
+        expected = self._expected()
         if job.kind not in expected:
             return None
         if job.state == "running":
@@ -222,6 +223,12 @@ class JobQueue:
                 break
             ahead += expected.get(self._jobs[key].kind, 0.0)
         return ahead / self.workers + expected[job.kind]
+
+    def _expected(self) -> dict[str, float]:
+        """Kind -> the median of its last timed jobs; a kind only the warm-up ran falls back to the warm-up's
+        durations (too long, as the server was starting, but a first estimate beats none)."""
+        return {kind: statistics.median(self._durations.get(kind) or past)
+                for kind, past in {**self._untimed, **self._durations}.items() if past}
 
     def _drop(self, job: _Job) -> None:
         """No one waits for ``job``: off the queue, or told to stop at its next progress call."""
@@ -276,8 +283,8 @@ class JobQueue:
             seconds = self._clock() - job.started
             self.store.put(job.key, result, job.kind)
             with self._cond:
-                if job.timed:
-                    self._durations.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
+                kept = self._durations if job.timed else self._untimed
+                kept.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
                 self._end(job, "done")
 
     def _next_job(self) -> _Job:

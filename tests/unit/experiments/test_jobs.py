@@ -88,8 +88,9 @@ def test_places_in_the_queue_and_the_wait_estimate_from_past_durations():
     queue.cancel("d", "s3")
 
 
-def test_an_untimed_job_is_left_out_of_the_estimates():
-    """A server's warm-up runs while the server starts: its durations would make every estimate too long."""
+def test_an_untimed_job_gives_a_first_estimate_and_no_more():
+    """A server's warm-up runs while the server starts: its durations would make every estimate too long, so
+    they stand in only until a job of the same kind was timed."""
     clock = FakeClock()
     queue = JobQueue(workers=1, clock=clock)
     for key, timed, seconds in (("warm", False, 50.0), ("class", True, 10.0)):
@@ -99,7 +100,7 @@ def test_an_untimed_job_is_left_out_of_the_estimates():
         clock.now += seconds
         gate.opened.set()
         assert queue.wait(key, WAIT).state == "done"
-        assert queue.expected_s("fit") == (None if not timed else 10.0)  # the warm-up's 50 s never counted
+        assert queue.expected_s("fit") == (50.0 if not timed else 10.0)  # then the warm-up's 50 s no longer counts
 
 
 def test_cancel_drops_a_queued_job_and_stops_a_running_one():
