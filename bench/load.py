@@ -43,7 +43,7 @@ if __package__ in (None, ""):
 from bench._common import ROOT, machine, today  # noqa: E402
 from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores  # noqa: E402
 from bench.load_usage import Usage, tree_rss_mib, wait_quiet  # noqa: E402
-from bench.load_logs import busy_page_runs, job_lines, job_summary, quantile, told  # noqa: E402
+from bench.load_logs import answer_times, busy_page_runs, job_lines, job_summary, quantile, told  # noqa: E402
 from bench.load_report import RESULTS, cell_name, load_results, write_report  # noqa: E402
 from tests.e2e.conftest import _free_port, _wait_healthy, stop  # noqa: E402  (the browser tests' server)
 
@@ -261,10 +261,11 @@ def run_cell(count: int, choices: str, precomputed: bool, server_cores: int | No
         jobs = job_summary(log, skip=warm.get("jobs", 0))
         page_runs = busy_page_runs(Path(tmp) / "pages.jsonl", log, warm.get("since", 0.0))
         queue_told = told(Path(tmp) / "pages.jsonl", warm.get("since", 0.0))
+        answers = answer_times(Path(tmp) / "pages.jsonl", warm.get("since", 0.0))
     return {"sessions": count, "choices": choices, "precomputed": precomputed, "wall_s": wall,
             "warm_up_s": warm.get("seconds"), "warm_up_jobs": warm.get("jobs"),
             "server_idle_mib": idle_mib, "server_peak_mib": usage.peak, **summary(records),
-            "server_page_run": page_runs, "told": queue_told, "jobs": jobs,
+            "server_page_run": page_runs, "told": queue_told, "server_answer": answers, "jobs": jobs,
             "job_seconds": sum(j["seconds"] for j in jobs.values()), "load_before": load_before,
             "server_cpu_s": usage.cpu_s("server") - warm.get("server_cpu", 0.0),
             "browser_cpu_s": usage.cpu_s("browsers") - warm.get("browser_cpu", 0.0), "browsers": held_back,

@@ -74,3 +74,20 @@ def told(pages: Path, since: float, quick_s: float = 2.0) -> dict:
             "place": len({e["owner"] for e in panels if e["state"] == "queued"}),
             "silent": len({owner for owner, _ in set(asked) - shown - quick}),
             "estimate": spread([p[0] for p in pairs]), "actual": spread([p[1] for p in pairs])}
+
+
+def answer_times(pages: Path, since: float) -> dict:
+    """The server's part of each step, from the page log after ``since``: per kind of request, the seconds from
+    a session's first ask to the page that showed it the result (median, p95, count); the browser's own time to
+    draw that page is not in it."""
+    events = [e for e in map(json.loads, job_lines(pages)) if "event" in e and e["time"] >= since]
+    asked = {}
+    for e in events:
+        if e["event"] == "asked":
+            asked.setdefault((e["owner"], e["key"]), (e["time"], e["kind"]))
+    waits = {}
+    for e in events:
+        if e["event"] == "answered" and (e["owner"], e["key"]) in asked:
+            at, kind = asked[(e["owner"], e["key"])]
+            waits.setdefault(kind, []).append(e["time"] - at)
+    return {kind: spread(values) for kind, values in sorted(waits.items())}

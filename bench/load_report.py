@@ -32,7 +32,8 @@ def seconds(entry: dict, digits: int | None = None) -> str:
 
 def report_table(results: dict) -> str:
     header = ["sessions", "choices", "precomputed", "cores: server / browsers", "influence s (median / p95)",
-              "recovered run s", "compared s", "whole flow s", "page switch while jobs run s",
+              "recovered run s", "compared s", "whole flow s", "server's part s: recovered run; compared",
+              "page switch while jobs run s",
               "server's page run while jobs run s", "waited for a job: saw the queue's panel / their place",
               "first estimate / actual wait s (median)", "errors",
               "server peak MiB", "jobs computed", "wall / summed job time", "CPU s: server / browsers", "load before"]
@@ -41,7 +42,8 @@ def report_table(results: dict) -> str:
         switch = cell["page_switch"]
         rows.append([cell["sessions"], cell["choices"], "yes" if cell["precomputed"] else "no", cores_text(cell),
                      seconds(cell["influence"]), seconds(cell["recovered"]), seconds(cell["compared"]),
-                     seconds(cell["total"]), seconds(switch, 1) if switch["count"] else "-", page_runs_text(cell),
+                     seconds(cell["total"]), answer_text(cell), seconds(switch, 1) if switch["count"] else "-",
+                     page_runs_text(cell),
                      saw_text(cell), estimate_text(cell), cell["errors"],
                      f"{cell['server_peak_mib']:.0f}", jobs_text(cell), wall_ratio(cell), cpu_text(cell),
                      f"{cell['load_before']:.1f}" if "load_before" in cell else "-"])
@@ -75,6 +77,14 @@ def estimate_text(cell: dict) -> str:
         return "-"
     return (f"{said['estimate']['median_s']:.0f} / {said['actual']['median_s']:.0f} "
             f"({said['estimate']['count']} waits)")
+
+
+def answer_text(cell: dict) -> str:
+    """The server's part of the recovered run and the comparison: ask to the page that showed the result."""
+    answers = cell.get("server_answer")
+    if answers is None:
+        return "-"
+    return "; ".join(seconds(answers[kind]) if kind in answers else "-" for kind in ("fit", "evaluate"))
 
 
 def page_runs_text(cell: dict) -> str:
@@ -170,7 +180,8 @@ def write_report(results: dict, argv: list[str] | None) -> None:
             "asked for a job that was not yet done (\"waited\"), which of them the queue's panel reached and "
             "showed a place, who waited more than two seconds without it (\"silent\"), and the first estimate "
             "a queued session was shown against the seconds it then waited for its answer. "
-            "Each cell starts a fresh server and visits it "
+            "\"server's part\" of a step is, from the same log, the time from a session's ask to the page that showed "
+            "it the result, its browser's drawing left out. Each cell starts a fresh server and visits it "
             "once before the sessions and waits until it is quiet (untimed: the model loads and the server "
             "computes its warm-up, the precomputed runs, as on a "
             "server that has been up). \"jobs computed\" and the summed job time come from the server's job "

@@ -8,10 +8,11 @@ import time
 
 import pytest
 
-from bench.load_logs import busy_page_runs, told
+from bench.load_logs import answer_times, busy_page_runs, told
 from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores
 from bench.load_usage import Usage, cpu_seconds_by_pid, tree_pids
-from bench.load_report import cell_name, cores_text, cpu_text, estimate_text, report_table, saw_text
+from bench.load_report import (answer_text, cell_name, cores_text, cpu_text, estimate_text, report_table,
+                               saw_text)
 
 
 def test_usage_counts_the_server_tree_apart_from_the_rest(tmp_path):
@@ -103,6 +104,21 @@ def test_what_waiting_sessions_were_told_comes_from_the_page_log(tmp_path):
     cell = {"sessions": 5, "told": said}
     assert saw_text(cell) == "2 / 1 of 4, 1 silent" and estimate_text(cell) == "30 / 20 (1 waits)"
     assert saw_text({"sessions": 5, "told": {**said, "waited": 0}}) == "none waited"
+
+
+def test_the_servers_part_of_a_step_runs_from_the_first_ask_to_the_answer(tmp_path):
+    pages = tmp_path / "pages.jsonl"
+    lines = [{"event": "asked", "owner": "a", "key": "fit-1", "kind": "fit", "state": "queued", "time": 100.0},
+             {"event": "asked", "owner": "a", "key": "fit-1", "kind": "fit", "state": "running", "time": 105.0},
+             {"event": "answered", "owner": "a", "key": "fit-1", "time": 130.0},
+             {"event": "asked", "owner": "b", "key": "fit-1", "kind": "fit", "state": "done", "time": 131.0},
+             {"event": "answered", "owner": "b", "key": "fit-1", "time": 131.5},
+             {"event": "asked", "owner": "b", "key": "evaluate-1", "kind": "evaluate", "state": "queued",
+              "time": 140.0}]  # never answered: no time
+    pages.write_text("\n".join(json.dumps(line) for line in lines))
+    times = answer_times(pages, since=90.0)
+    assert times["fit"]["count"] == 2 and times["fit"]["p95_s"] == 30.0 and "evaluate" not in times
+    assert answer_text({"server_answer": times}) == "15 / 30; -" and answer_text({}) == "-"
 
 
 def test_page_runs_leave_out_the_events_of_the_page_log(tmp_path):
