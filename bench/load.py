@@ -161,7 +161,8 @@ async def flow(browser, url: str, n_block: int, record: dict) -> None:
         panel = page.locator("[data-testid='stProgress']").first
         done = page.get_by_text(re.compile(r"^Run: layers"))
         await panel.or_(done).first.wait_for()  # the queue's panel, or the run at once (shared or precomputed)
-        record["queue_text"] = await panel.inner_text() if await panel.count() else ""
+        shown = await panel.all_inner_texts()  # at once: the panel may be gone by now (its job ended)
+        record["queue_text"] = shown[0] if shown else ""
         if record["queue_text"]:
             await switch_away_and_back(page, "Calibrate & recover", record)
         await done.wait_for()
