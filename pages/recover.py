@@ -70,6 +70,12 @@ def summary(stored: wb.FittedRun) -> None:
     st.dataframe(told.errors, hide_index=True)
     st.caption("Share of the discrepancy ‖Δ‖² each operator removes on the fitted windows and on the "
                "held-out ones (100 % = the removed layers fully restored, 0 % = plain pruning, below 0 = worse).")
+    if told.sinks_below_zero:
+        st.info(f"{', '.join(told.sinks_below_zero)}: below 0 because they treat the attention-sink tokens apart "
+                "(each window's first token, whose stream is far larger than the rest) and map them to a constant, "
+                "which leaves more of ‖Δ‖² on those few tokens than plain pruning. ‖Δ‖² is not what they optimise "
+                "(ghost-auto keeps a fit only when it lowers the next-token loss on held-out windows): judge them "
+                "by perplexity on the Compare page.", icon=":material/info:")
     for message in run.warnings:  # ill-conditioned fits, one per gap
         st.warning(message, icon=":material/warning:")
     if told.overfits and not run.warnings:

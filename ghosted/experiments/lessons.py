@@ -19,7 +19,7 @@ from ghosted.experiments.results import FittedRun, ZeroShot
 from ghosted.models.architecture import hidden_size
 from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.recovery.diagnostics import directions_holding, removed_shares
-from ghosted.recovery.methods import RECOVERY, with_role
+from ghosted.recovery.methods import RECOVERY, REGISTRY, with_role
 
 ENERGY_SHARE = 0.9  # "k directions carry 90 % of ‖Δ‖²"
 SPREAD_FRACTION = 10  # Δ is "spread" when more than 1/10 of the directions hold ENERGY_SHARE of it
@@ -46,6 +46,14 @@ class FitSummary:
     def overfits(self) -> bool:
         """Whether the tokens are too few for the width (good on the fitted windows, poor on held-out ones)."""
         return self.tokens < self.wanted
+
+    @property
+    def sinks_below_zero(self) -> list[str]:
+        """Methods that treat attention-sink tokens apart and show a share below 0: they map each sink to a
+        constant, so the few sink tokens, whose streams have by far the largest norms, can leave more of
+        ‖Δ‖² than plain pruning while the other tokens are fitted (and ghost-auto chose on next-token loss)."""
+        shares = self.errors.filter(like="removed").min(axis=1)
+        return [m for m, share in zip(self.errors.method, shares) if share < 0 and REGISTRY[m].uses_sinks]
 
 
 def fit_summary(fitted: FittedRun) -> FitSummary:

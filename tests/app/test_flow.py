@@ -241,3 +241,18 @@ def test_the_cached_model_is_left_as_it_was_loaded(flow):
     assert [layer.self_attn.layer_idx for layer in layers] == list(range(30))
     assert not any(layer._forward_hooks or layer._forward_pre_hooks for layer in layers)
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def test_a_sink_aware_fit_below_zero_is_explained_on_the_recover_page(monkeypatch):
+    """Layers 14-15 on 32 x 128 tokens: ghost-auto keeps the sink-robust fit (lower held-out loss), whose share
+    of ‖Δ‖² is far below 0 because of the sink tokens; the page says why, next to the number."""
+    monkeypatch.delenv("GHOSTED_DEMO", raising=False)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT).run()
+    at.button(key="model_load").click().run()
+    calibrate(at, [14, 15], ["ghost-auto", "ghost"], n=32, length=128, heldout=4)
+    no_exception(at)
+    shares = run_of(at).frames["errors"]
+    assert (shares[shares.method == "ghost-auto"].removed_fraction < 0).all()
+    assert (shares[shares.method == "ghost"].removed_fraction > 0).all()
+    (said,) = [i.value for i in at.info if "attention-sink" in i.value]
+    assert said.startswith("ghost-auto: below 0") and "Compare page" in said

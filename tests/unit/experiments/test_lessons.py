@@ -87,6 +87,15 @@ def test_fit_summary_gives_the_removed_shares_in_percent_and_the_overfit_rule(ru
     assert told.overfits and not replace(told, tokens=128).overfits
 
 
+def test_a_sink_aware_fit_below_zero_is_named_and_the_paper_fit_never(run):
+    told = lessons.fit_summary(run)
+    errors = told.errors.copy()
+    errors["removed (held-out) %"] = [-114.3, -114.3]  # ghost, ghost-auto both worse than pruning on ‖Δ‖²
+    assert replace(told, errors=errors).sinks_below_zero == ["ghost-auto"]  # ghost treats no sink apart
+    errors["removed (held-out) %"] = [-1.0, 0.0]
+    assert replace(told, errors=errors).sinks_below_zero == []
+
+
 def _scores(tasks: dict) -> ZeroShot:
     """Zero-shot accuracies: task -> {variant: accuracy (a fraction)}."""
     rows = [{"model": m, "task": t, "metric": "acc", "value": v, "stderr": 0.01}
