@@ -56,11 +56,8 @@ def told(pages: Path, since: float, quick_s: float = 2.0) -> dict:
     saw a place in the queue ("place"), how many waited longer than ``quick_s`` (two polls of the panel)
     without ever being shown it ("silent"), and the first estimate a queued session was shown against the
     wait it then had (seconds to its answer)."""
-    events = [e for e in map(json.loads, job_lines(pages)) if "event" in e and e["time"] >= since]
-    asked = {}
-    for e in events:
-        if e["event"] == "asked" and e["state"] != "done":
-            asked.setdefault((e["owner"], e["key"]), e["time"])
+    events = _events(pages, since)
+    asked = {pair: at for pair, (at, _, state) in _first_asks(events).items() if state != "done"}
     panels = [e for e in events if e["event"] == "panel" and (e["owner"], e["key"]) in asked]
     answered = {(e["owner"], e["key"]): e["time"] for e in events if e["event"] == "answered"}
     shown = {(e["owner"], e["key"]) for e in panels}
@@ -80,14 +77,25 @@ def answer_times(pages: Path, since: float) -> dict:
     """The server's part of each step, from the page log after ``since``: per kind of request, the seconds from
     a session's first ask to the page that showed it the result (median, p95, count); the browser's own time to
     draw that page is not in it."""
-    events = [e for e in map(json.loads, job_lines(pages)) if "event" in e and e["time"] >= since]
-    asked = {}
-    for e in events:
-        if e["event"] == "asked":
-            asked.setdefault((e["owner"], e["key"]), (e["time"], e["kind"]))
+    events = _events(pages, since)
+    asked = _first_asks(events)
     waits = {}
     for e in events:
         if e["event"] == "answered" and (e["owner"], e["key"]) in asked:
-            at, kind = asked[(e["owner"], e["key"])]
+            at, kind, _ = asked[(e["owner"], e["key"])]
             waits.setdefault(kind, []).append(e["time"] - at)
     return {kind: spread(values) for kind, values in sorted(waits.items())}
+
+
+def _events(pages: Path, since: float) -> list[dict]:
+    """The page log's events (asked, panel, answered) from ``since`` on; the page runs left out."""
+    return [e for e in map(json.loads, job_lines(pages)) if "event" in e and e["time"] >= since]
+
+
+def _first_asks(events: list[dict]) -> dict[tuple[str, str], tuple[float, str, str]]:
+    """(owner, request key) -> (time, kind, the job's state then) of that session's first ask for it."""
+    asked = {}
+    for e in events:
+        if e["event"] == "asked":
+            asked.setdefault((e["owner"], e["key"]), (e["time"], e.get("kind", ""), e["state"]))
+    return asked

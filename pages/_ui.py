@@ -249,8 +249,9 @@ def ask(name: str, request) -> None:
     """Make ``request`` this session's under ``name`` and queue it (joined with an identical one, or
     answered from the store at once)."""
     st.session_state[name] = request
-    status = backend().submit(request.key(), request.kind, work_of(request, load(st.session_state[MODEL])), owner())
-    log_event("asked", key=request.key(), kind=request.kind, owner=owner(), state=status.state)
+    key, me = request.key(), owner()
+    status = backend().submit(key, request.kind, work_of(request, load(st.session_state[MODEL])), me)
+    log_event("asked", key=key, kind=request.kind, owner=me, state=status.state)
 
 
 def start_job(name: str) -> None:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_text_args, facts_from_args, load_from_args, progress_from_args)
+
+if TYPE_CHECKING:
+    from ghosted.experiments.spec import ExperimentSpec
 
 INFLUENCE_FILES = ("blocks.csv", "layers.csv", "influence.json", "selections.csv")  # what influence writes
 GROUPS = {"single": "every criterion of the one shared forward pass (incl. recoverability)",
@@ -111,7 +115,7 @@ def handle(args) -> int:
     return 0
 
 
-def check_args(args) -> tuple:
+def check_args(args) -> tuple[ExperimentSpec, list[str], list[int] | None]:
     """Every setting that needs no model: (the spec the flags give, criteria, block sizes or None for all)."""
     from ghosted.models.pruning import parse_layers
     from ghosted.experiments.spec_flags import spec_from_args
