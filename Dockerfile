@@ -27,7 +27,7 @@ RUN PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/instal
 
 COPY --chown=user . .
 
-# Public-demo limits (ghosted/experiments/deploy.py), no network at run time, two CPU threads for 2 vCPU.
+# Public-demo limits (ghosted/service/deploy.py), no network at run time, two CPU threads for 2 vCPU.
 ENV GHOSTED_DEMO=1 \
     HF_HUB_OFFLINE=1 \
     HF_DATASETS_OFFLINE=1 \

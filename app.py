@@ -3,7 +3,7 @@
 Run with ``streamlit run app.py``. This entrypoint is the frame around every page: it sets the
 page config, the navigation (top bar) and the sidebar badge with the loaded model, device and the
 current layer selection. Set ``GHOSTED_DEMO=1`` (or ``GHOSTED_DEPLOY=demo|classroom``) for a
-public deployment with a model allow-list and size caps (see ``ghosted/experiments/deploy.py``).
+public deployment with a model allow-list and size caps (see ``ghosted/service/deploy.py``).
 """
 
 import os

@@ -1,6 +1,6 @@
 """Regenerate the grid of docs/REPRODUCTION.md (and every number quoted from it) from the reproduction grid.
 
-Runs ``ghosted.experiments.grid.run_grid`` with the defaults of ``python -m ghosted grid`` (or reads a grid.json
+Runs ``ghosted.grid.run.run_grid`` with the defaults of ``python -m ghosted grid`` (or reads a grid.json
 that command already wrote, ``--from DIR``), writes grid.csv / grid.md / grid.json to ``--out-dir``, saves the
 grid as the committed results file ``docs/results/grid.json`` (with the date, machine and commands that made
 it), and rewrites every block generated from that file (``python -m bench.docs``): the block between
@@ -30,7 +30,7 @@ ensure_path()
 import pandas as pd  # noqa: E402
 
 from ghosted.core.progress import TqdmProgress  # noqa: E402
-from ghosted.experiments.grid import GridConfig, GridResult, run_grid  # noqa: E402
+from ghosted.grid.run import GridConfig, GridResult, run_grid  # noqa: E402
 from ghosted.models.pruning import format_layers, parse_layers  # noqa: E402
 
 DOC = ROOT / "docs" / "REPRODUCTION.md"

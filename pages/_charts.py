@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ghosted.experiments.frontend import METHODS, comparison, label_of, removed_shares, workbench as wb
+from ghosted.service.frontend import METHODS, comparison, label_of, removed_shares, workbench as wb
 
 PRUNED = comparison.PRUNED  # "pruned": the plainly pruned model's label
 PALETTE = ["#1f77b4", "#ff7f0e", "#d62728", "#8c564b", "#e377c2", "#bcbd22", "#17becf"]  # baselines

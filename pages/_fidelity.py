@@ -1,7 +1,7 @@
 """What the cut did, on the Compare and Learn pages: each token's loss change, and the logit lens.
 
 Two sections drawn for the current run, each a form whose request goes through the job queue and the
-shared store like every other measurement (``ghosted.experiments.probes``):
+shared store like every other measurement (``ghosted.service.probes``):
 
   * the token view: the text once per variant, each token coloured by how much the variant's loss on it
     moved from the dense model's (red: higher, green: lower), with the tokens the cut hurt most and those
@@ -21,7 +21,7 @@ import math
 import pandas as pd
 import streamlit as st
 
-from ghosted.experiments.frontend import probes
+from ghosted.service.frontend import probes
 from pages import _assets, _ui
 
 TOKENS = "ghosted.token_losses"  # TokenLossRequest: each token's loss change on the current run

@@ -1,6 +1,6 @@
 """A link's settings in the forms: what an opened link asked for shows in the widgets of its pages.
 
-``ghosted.experiments.links`` turns a URL into a run and its evaluation; this module puts the same
+``ghosted.service.links`` turns a URL into a run and its evaluation; this module puts the same
 values into the widgets that ask for them (the Calibrate & recover form, the Compare page's evaluation
 form), so that a student who opens a teacher's link sees the teacher's settings, can change one and run
 again. Streamlit drops a widget's state when its page is not drawn, so the values wait under ``FORM``

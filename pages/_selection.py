@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ghosted.experiments.frontend import format_layers, num_layers, removed_share
+from ghosted.service.frontend import format_layers, num_layers, removed_share
 
 SELECTION = "ghosted.selection"  # list[int]: the layers to drop
 

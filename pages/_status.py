@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import streamlit as st
 
-from ghosted.experiments.frontend import JobStatus, ModelLoadError, SourceUnavailableError, eventlog
+from ghosted.service.frontend import JobStatus, ModelLoadError, SourceUnavailableError, eventlog
 
 ANSWERED = "ghosted.answered"  # request keys this session was answered for (logged once each)
 

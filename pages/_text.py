@@ -12,7 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from ghosted.experiments.frontend import DeployConfig, TextSource
+from ghosted.service.frontend import DeployConfig, TextSource
 
 TEXT_KINDS = {"bundled:news": "Bundled news", "bundled:wiki": "Bundled Wikipedia",
               "upload": "Upload a file", "path": "Local file", "dataset": "Dataset"}

@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.experiments.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env,
+from ghosted.service.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env,
                                          heap, links, load_any, num_layers, precompute, release_gpu_cache,
                                          workbench as wb)
 from pages import _restore
@@ -54,7 +54,7 @@ def init_state() -> None:
 
 def open_link() -> None:
     """Once per browser session, in app.py: restore the experiment the URL's query parameters name
-    (``ghosted.experiments.links``) and ask for its run and evaluation (shown at once when computed)."""
+    (``ghosted.service.links``) and ask for its run and evaluation (shown at once when computed)."""
     if st.session_state.get(LINK_READ):
         return
     st.session_state[LINK_READ] = True

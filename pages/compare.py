@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import IntervalConfig, lessons, parse_tasks, workbench as wb
+from ghosted.service.frontend import IntervalConfig, lessons, parse_tasks, workbench as wb
 from pages import _assets, _charts, _fidelity, _restore, _text, _ui
 
 LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from ghosted.experiments.frontend import recipes, save_recovered, workbench as wb
+from ghosted.service.frontend import recipes, save_recovered, workbench as wb
 from pages import _ui
 
 

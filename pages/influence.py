@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import CRITERIA, RECOVERABILITY, num_layers, workbench as wb
+from ghosted.service.frontend import CRITERIA, RECOVERABILITY, num_layers, workbench as wb
 from pages import _charts, _text, _ui
 
 REASON, PRESET_ERROR = _ui.REASON, "ghosted.preset_error"

@@ -6,7 +6,7 @@ apply and fills them with the numbers of the stored run (``pages/_assets.learn``
 
 import streamlit as st
 
-from ghosted.experiments.frontend import comparison, hidden_size, lessons, num_layers, workbench as wb
+from ghosted.service.frontend import comparison, hidden_size, lessons, num_layers, workbench as wb
 from pages import _assets, _charts, _fidelity, _ui
 
 

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import BUNDLED_MODEL, available_devices, describe, gpu_count
+from ghosted.service.frontend import BUNDLED_MODEL, available_devices, describe, gpu_count
 from pages import _ui
 
 BUNDLED, PATH, HUB = "Bundled SmolLM2-135M-Instruct", "Local folder or .gguf file", "Hugging Face hub id"

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.experiments.frontend import (METHODS, RECOVERY, format_layers, help_text, lessons, num_layers,
+from ghosted.service.frontend import (METHODS, RECOVERY, format_layers, help_text, lessons, num_layers,
                                           with_role, workbench as wb)
 from pages import _restore, _text, _ui
 

@@ -1,7 +1,7 @@
 """Fill the shared result store before anyone asks (the Dockerfile runs it at image build).
 
     python scripts/precompute.py                 # the bundled model's page defaults and presets
-    python scripts/precompute.py --list my.toml  # a teacher's own list (see ghosted/experiments/precompute.py)
+    python scripts/precompute.py --list my.toml  # a teacher's own list (see ghosted/service/precompute.py)
 """
 
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, without installing
 
-from ghosted.experiments.precompute import main  # noqa: E402
+from ghosted.service.precompute import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -82,7 +82,7 @@ def tiny_loaded(layers: int = 8):
 
 def small_config(**overrides):
     """A small grid on a tiny model: two block sizes, a few short windows."""
-    from ghosted.experiments.grid import GridConfig
+    from ghosted.grid.run import GridConfig
 
     base = dict(n_values=[2, 3], calib_seqs=6, seq_len=32, heldout_seqs=2, eval_tokens=96, eval_seq_len=32,
                 batch_size=2, device="cpu", dtype="float32")

@@ -19,7 +19,7 @@ def _list(text: str) -> list[str]:
 
 def add_parser(sub) -> None:
     from ghosted.experiments.spec_flags import add_spec_args
-    from ghosted.experiments.grid import ALIASES, grid_base
+    from ghosted.grid.run import ALIASES, grid_base
     from ghosted.recovery.methods import methods_help
 
     p = sub.add_parser("grid", help="the reproduction grid: selection x layers removed x every method",
@@ -56,8 +56,8 @@ def add_parser(sub) -> None:
 
 def handle(args) -> int:
     from ghosted.experiments.spec_flags import spec_from_args
-    from ghosted.experiments.grid import GridConfig, run_grid
-    from ghosted.experiments.journal import GridJournal
+    from ghosted.grid.run import GridConfig, run_grid
+    from ghosted.grid.journal import GridJournal
     from ghosted.recovery.methods import REGISTRY
     from ghosted.experiments.plans import plan_grid
     from ghosted.experiments.validate import check_grid, check_out_dir, parse_counts

@@ -14,7 +14,7 @@ import streamlit as st
 from streamlit.runtime.pages_manager import PagesManager
 from streamlit.testing.v1 import AppTest
 
-from ghosted.experiments.jobs import JobQueue
+from ghosted.service.jobs import JobQueue
 
 ROOT = Path(__file__).resolve().parents[2]
 QUEUED_SUBMIT = JobQueue.submit  # the queue's own submit (returns at once)

@@ -139,7 +139,7 @@ def test_require_run_without_a_run_says_so_links_calibration_and_stops(app, page
 
 
 def test_a_run_of_another_model_counts_as_none(app):
-    from ghosted.experiments.workbench import FitRequest
+    from ghosted.service.workbench import FitRequest
     from pages._ui import RUN
 
     app.session_state[RUN] = FitRequest(model="another|model", layers=(1,))

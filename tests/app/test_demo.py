@@ -3,7 +3,7 @@
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ghosted.experiments.deploy import DEMO, DeployRefusal, from_env, preset
+from ghosted.service.deploy import DEMO, DeployRefusal, from_env, preset
 from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, no_exception, open_page
 
 

@@ -3,7 +3,7 @@
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ghosted.experiments.deploy import CLASSROOM, DEMO, LOCAL, DeployRefusal, criterion_cost
+from ghosted.service.deploy import CLASSROOM, DEMO, LOCAL, DeployRefusal, criterion_cost
 from ghosted.selection.criteria import CRITERIA, SINGLE_PASS
 from tests.app.conftest import ROOT, TIMEOUT, errors, no_exception, open_page
 

@@ -15,7 +15,7 @@ import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from ghosted.evaluation.lens import TokenLosses
-from ghosted.experiments.probes import LensView, TokenView
+from ghosted.service.probes import LensView, TokenView
 from pages import _fidelity
 from tests.app.conftest import ROOT, TIMEOUT, calibrate, errors, no_exception, open_page, serve_navigation
 

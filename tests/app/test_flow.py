@@ -70,7 +70,7 @@ def test_perplexity_table(flow):
 
 
 def test_perplexity_table_shows_intervals_paired_differences_and_fidelity(flow):
-    from ghosted.experiments.comparison import span
+    from ghosted.service.comparison import span
 
     open_page(flow, "compare")
     table = run_of(flow).evaluation.table.frame()

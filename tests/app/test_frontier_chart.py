@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from ghosted.experiments.comparison import VariantTable
+from ghosted.service.comparison import VariantTable
 from pages import _charts
 
 

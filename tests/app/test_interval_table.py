@@ -5,7 +5,7 @@ import math
 import pandas as pd
 import pytest
 
-from ghosted.experiments.comparison import VariantTable
+from ghosted.service.comparison import VariantTable
 from pages import _charts
 
 

@@ -12,7 +12,7 @@ import threading
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ghosted.experiments import workbench as wb
+from ghosted.service import workbench as wb
 from pages import _restore, _ui
 from tests.app.conftest import ROOT, TIMEOUT, errors, figures, influence_of, no_exception, open_page, run_of
 

@@ -9,7 +9,7 @@ import pytest
 
 from ghosted.cli import main
 from ghosted.core.ownership import OUTPUT_MARKER, RESULTS_STAMP, written_by_ghosted
-from ghosted.experiments.journal import GridJournal
+from ghosted.grid.journal import GridJournal
 from tests.tiny import tiny_loaded, tiny_model_folder
 
 RUN = ["run", "--drop", "2-3", "--methods", "dense,none", "--calib-seqs", "4", "--seq-len", "32", "--heldout-seqs", "0",

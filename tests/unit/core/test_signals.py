@@ -122,7 +122,7 @@ def test_sigterm_in_grid_keeps_the_finished_cell_and_exits_143(tmp_path):
     model, out = tiny_model_folder(tmp_path / "model"), tmp_path / "grid"
     argv = ["grid", "--model", model, "--selections", "streamline", "--n", "2,3", "--methods", "none,ghost",
             "--evals", "bundled:wiki", "--eval-tokens", "64", "--eval-seq-len", "32", *SMALL, "--out-dir", out]
-    code, _, err = stopped_process(tmp_path, ("ghosted.experiments.grid", "evaluate_setting", 1), argv,
+    code, _, err = stopped_process(tmp_path, ("ghosted.grid.run", "evaluate_setting", 1), argv,
                                    signal.SIGTERM)
     assert code == 143, err[-3000:]
     assert "Traceback" not in err and "stopped by SIGTERM" in err and "--resume" in err

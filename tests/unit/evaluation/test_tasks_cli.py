@@ -155,7 +155,7 @@ def test_bad_task_flags_are_clear_errors(flags, message, capsys):
 
 
 def test_grid_scores_tasks_per_setting_and_writes_them(tmp_path):
-    from ghosted.experiments.grid import run_grid
+    from ghosted.grid.run import run_grid
 
     cfg = small_config(selections=["shortgpt"], n_values=[2], methods=["dense", "none", "ghost"],
                        evals=["bundled:wiki"], tasks=[TASK], task_limit=4)

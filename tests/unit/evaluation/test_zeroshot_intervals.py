@@ -55,7 +55,7 @@ def test_report_json_and_cli_table_carry_the_interval():
 
 
 def test_grid_task_table_shows_the_interval():
-    from ghosted.experiments.grid_report import task_markdown
+    from ghosted.grid.report import task_markdown
 
     rows = [{**r, "selection": "manual", "n": 2, "layers": "3-4"}
             for r in lastword_rows("ghost", _score(), "bundled-lastword")]

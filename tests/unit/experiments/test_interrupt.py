@@ -12,12 +12,12 @@ import pandas as pd
 import pytest
 import transformers as tf
 
-from ghosted.experiments import grid as grid_module
+from ghosted.grid import run as grid_module
 from ghosted.experiments import run as pipeline
 from ghosted.experiments import session as engine
 from ghosted.calibration import cache as stats_cache
 from ghosted.cli import main
-from ghosted.experiments.grid import run_grid
+from ghosted.grid.run import run_grid
 from ghosted.experiments.run import run_experiment
 from ghosted.experiments.spec import ExperimentSpec
 from tests.tiny import tiny_model

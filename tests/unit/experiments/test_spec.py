@@ -81,7 +81,7 @@ def test_flag_defaults_equal_the_spec_defaults(name):
     spec = spec_from_args(args, ignore=("n", "methods") if name == "grid" else ())
     want = ExperimentSpec().with_options(drop="1") if name == "export" else ExperimentSpec()
     if name == "grid":
-        from ghosted.experiments.grid import grid_base
+        from ghosted.grid.run import grid_base
 
         want = grid_base().with_options(methods=spec.methods)
     assert spec == want

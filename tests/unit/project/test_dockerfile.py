@@ -86,13 +86,13 @@ def test_demo_mode_and_offline(steps):
     env = env_of(steps)
     assert env.get("GHOSTED_DEMO") == "1"
     assert env.get("HF_HUB_OFFLINE") == "1"
-    from ghosted.experiments.deploy import from_env
+    from ghosted.service.deploy import from_env
 
     assert from_env({"GHOSTED_DEMO": env["GHOSTED_DEMO"]}).name == "demo"  # the app reads it so
 
 
 def test_upload_limit_matches_the_demo_preset(steps):
-    from ghosted.experiments.deploy import DEMO
+    from ghosted.service.deploy import DEMO
 
     assert float(env_of(steps)["STREAMLIT_SERVER_MAX_UPLOAD_SIZE"]) == DEMO.max_upload_mb
 

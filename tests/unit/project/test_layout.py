@@ -9,7 +9,7 @@ functions; relative imports resolved), so a lazy import cannot slip past. The ru
 (c) no module left flat in ghosted/ but __init__.py and __main__.py;
 (d) no ghosted module imports streamlit (the app's pages do);
 (e) the app (app.py and pages/, helpers included) imports from ghosted only its one backend
-    (``APP_BACKEND``: ghosted.experiments.frontend, which names what pages use, and the session API);
+    (``APP_BACKEND``: ghosted.service.frontend, which names what pages use, and the session API);
 (f) the app computes nothing: it imports no numeric library (``NUMERIC``), so every number it shows comes
     from the backend's typed results (``workbench``, ``comparison``, ``lessons``, ``probes``) and its pages
     only lay them out and draw them.
@@ -24,10 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3] / "ghosted"
 LAYERS = ("core", "models", "data", "calibration", "evaluation", "operators", "recovery", "selection",
-          "experiments")  # lowest first: a package imports only those at or before its own place
+          "experiments", "grid", "service")  # lowest first: a package imports only those at or before its own place
 FRONT_ENDS = ("cli",)  # above every layer; nothing below imports them
 FLAT_ALLOWED = {"__init__.py", "__main__.py"}
-APP_BACKEND = ("ghosted.experiments.frontend", "ghosted.experiments.session")  # what the app may import
+APP_BACKEND = ("ghosted.service.frontend", "ghosted.experiments.session")  # what the app may import
 NUMERIC = ("torch", "numpy", "scipy")  # what the app never imports: its numbers come from the library
 ROOT_CONSTANTS = {"__version__"}  # constants of ghosted/__init__.py any module may read: that file imports nothing
 # at import time but ghosted.core.guards (the rest lazily, inside the API functions), so reading them adds no edge
@@ -191,7 +191,7 @@ def test_the_compute_rule_flags_a_numeric_import(tmp_path):
 def test_the_backend_rule_flags_a_library_import(tmp_path):
     page = tmp_path / "pages" / "x.py"
     page.parent.mkdir()
-    page.write_text("from ghosted.experiments.frontend import workbench\n"
+    page.write_text("from ghosted.service.frontend import workbench\n"
                     "def f():\n    from ghosted.recovery.fitting import recover\n")
     assert backend_violations([page]) == ["pages/x.py imports ghosted.recovery.fitting",
                                           "pages/x.py imports ghosted.recovery.fitting.recover"]

@@ -4,7 +4,7 @@
 model) and keeps each token's loss change against the dense model (``ghosted.evaluation.lens.token_losses``);
 ``LensRequest`` reads the top next-token prediction from the residual stream at every layer boundary of
 every variant for one prompt (``ghosted.evaluation.lens.logit_lens``). Both are shaped like the requests of
-``ghosted.experiments.workbench``: frozen, named by ``key()``, refused by ``check(cfg)`` before anything is
+``ghosted.service.workbench``: frozen, named by ``key()``, refused by ``check(cfg)`` before anything is
 queued, computed by ``compute(lm, fitted, progress)`` into a frozen result the shared store keeps read-only.
 
 The text is the user's own: it is named in the key by its content (hashed with everything else), never
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ghosted.evaluation.lens import TokenLosses, encode, logit_lens, token_losses, token_strings
-from ghosted.experiments.deploy import DeployConfig
-from ghosted.experiments.results import FittedRun
-from ghosted.experiments.workbench import FitRequest, _Request, label, variants
+from ghosted.service.deploy import DeployConfig
+from ghosted.service.results import FittedRun
+from ghosted.service.workbench import FitRequest, _Request, label, variants
 from ghosted.recovery.methods import BASELINE_METHOD, RECOVERY, REFERENCE_METHOD, with_role
 
 REFERENCE = label(REFERENCE_METHOD)  # the variant every loss change is measured against ("dense")

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 SERVER = textwrap.dedent("""
     import json, sys, threading
     from ghosted.core.signals import exit_code, signals_as_interrupts
-    from ghosted.experiments.jobs import JobQueue
-    from ghosted.experiments.store import Codec, ResultStore
+    from ghosted.service.jobs import JobQueue
+    from ghosted.service.store import Codec, ResultStore
 
     codec = Codec(encode=lambda value: {"value": value}, decode=lambda data: int(data["value"]))
     store = ResultStore(folder=sys.argv[1], codecs={"sum": codec})
@@ -42,7 +42,7 @@ SERVER = textwrap.dedent("""
 
 RESTART = textwrap.dedent("""
     import json, sys
-    from ghosted.experiments.store import Codec, ResultStore
+    from ghosted.service.store import Codec, ResultStore
 
     codec = Codec(encode=lambda value: {"value": value}, decode=lambda data: int(data["value"]))
     store = ResultStore(folder=sys.argv[1], codecs={"sum": codec})

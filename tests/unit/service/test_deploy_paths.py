@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ghosted.data.sources import is_hub_dataset_name
-from ghosted.experiments.deploy import CLASSROOM, DEMO, LOCAL, DeployRefusal
+from ghosted.service.deploy import CLASSROOM, DEMO, LOCAL, DeployRefusal
 
 SERVER_FILES = ["README.md", "docs/RELIABILITY.md", "ghosted", "pyproject.toml", "../etc/passwd", "/etc/passwd",
                 "~/.bashrc", "hf:ghosted", "hf:docs", "hf:../x", "hf:/etc", "hf:text", "hf:json", "hf:csv",

@@ -1,6 +1,6 @@
 """The app's results, typed: what a job returns and the shared store keeps (read-only once stored).
 
-``ghosted.experiments.workbench`` computes them from its requests; ``ghosted.experiments.codecs`` gives the
+``ghosted.service.workbench`` computes them from its requests; ``ghosted.service.codecs`` gives the
 plain-JSON form of those that are kept on disk.
 """
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
-from ghosted.experiments.comparison import VariantTable, span
+from ghosted.service.comparison import VariantTable, span
 from ghosted.experiments.spec import ExperimentSpec
 
 

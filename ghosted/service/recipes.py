@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from ghosted.experiments.results import Evaluation, FittedRun
+from ghosted.service.results import Evaluation, FittedRun
 from ghosted.experiments.spec import ExperimentSpec
 from ghosted.experiments.spec_flags import command
 from ghosted.models.loading import versions

@@ -1,6 +1,6 @@
 """The grid's Markdown: perplexity, fidelity, zero-shot and calibration-draw tables from its tidy rows.
 
-``GridResult.markdown()`` (``ghosted.experiments.grid``) joins them; docs/REPRODUCTION.md embeds the
+``GridResult.markdown()`` (``ghosted.grid.run``) joins them; docs/REPRODUCTION.md embeds the
 result. Every table has one row per (selection, n, layers) and one column per method.
 """
 

@@ -3,10 +3,10 @@
 Each heavy action of the app is a frozen request (``InfluenceRequest``, ``FitRequest``, ``EvalRequest``,
 ``ZeroShotRequest``, ``GenerationRequest``) holding every choice that changes its result, so that
 
-  * ``request.key()`` names the result (``ghosted.experiments.store.request_key``): identical requests of
+  * ``request.key()`` names the result (``ghosted.service.store.request_key``): identical requests of
     different sessions get one computation and one shared, read-only result;
   * ``request.check(cfg)`` refuses what the deployment forbids before anything is queued;
-  * ``request.compute(lm, progress, ...)`` runs it (in a worker of ``ghosted.experiments.jobs``), through
+  * ``request.compute(lm, progress, ...)`` runs it (in a worker of ``ghosted.service.jobs``), through
     the same ``Session`` as the command line (the spec, its fit, its evaluation through the shared prefix).
 
 A session keeps only its requests; the results live in the process-wide store (``shared_store``), so a
@@ -25,12 +25,12 @@ from pathlib import Path
 
 from ghosted import __version__
 from ghosted.data.sources import TextSource
-from ghosted.experiments import codecs
-from ghosted.experiments.comparison import VariantTable
-from ghosted.experiments.deploy import DeployConfig
+from ghosted.service import codecs
+from ghosted.service.comparison import VariantTable
+from ghosted.service.deploy import DeployConfig
 from ghosted.experiments.spec import ExperimentSpec
-from ghosted.experiments.results import Evaluation, FittedRun, Generations, Influence, ZeroShot
-from ghosted.experiments.store import Codec, ResultStore, request_key
+from ghosted.service.results import Evaluation, FittedRun, Generations, Influence, ZeroShot
+from ghosted.service.store import Codec, ResultStore, request_key
 from ghosted.models.assets import BUNDLED_MODEL, cache_dir
 
 DEFAULT_MODEL = {"source": BUNDLED_MODEL, "dtype": "auto", "device": "auto", "device_map": None,

@@ -4,7 +4,7 @@ Many people on one server (a public demo, a class following the same steps) ask 
 the influence report at the page defaults, the run of the same preset, its evaluation. Each request
 is named by a key (``request_key``: a digest of the model's identity, the windows, the layers and every
 setting), and the store keeps the result under it, so the second person to ask gets the first one's
-result at once (the job queue, ``ghosted.experiments.jobs``, asks the store before computing).
+result at once (the job queue, ``ghosted.service.jobs``, asks the store before computing).
 
 Two layers:
 

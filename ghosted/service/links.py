@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.deploy import DeployConfig
+from ghosted.service import workbench as wb
+from ghosted.service.deploy import DeployConfig
 
 INTS = {  # parameter (short, user-facing) -> (request field: the spec's name, least, most)
     "n": ("calib_seqs", 1, 4096), "len": ("seq_len", 8, 8192), "heldout": ("heldout_seqs", 0, 1024),

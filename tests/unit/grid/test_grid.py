@@ -8,10 +8,10 @@ import math
 import pandas as pd
 import pytest
 
-from ghosted.experiments import grid as grid_module
+from ghosted.grid import run as grid_module
 from ghosted.experiments import session as session_module
 from ghosted.evaluation.perplexity import perplexity
-from ghosted.experiments.grid import applicable, run_grid, to_markdown
+from ghosted.grid.run import applicable, run_grid, to_markdown
 from ghosted.data.windows import capped_evaluation_windows
 from ghosted.models.pruning import format_layers, prune
 from ghosted.recovery.fitting import BRANCH_METHODS, METHODS

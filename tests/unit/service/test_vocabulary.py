@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 
 import ghosted
-from ghosted.experiments import links, validate
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.deploy import DeployConfig
+from ghosted.service import links
+from ghosted.experiments import validate
+from ghosted.service import workbench as wb
+from ghosted.service.deploy import DeployConfig
 from ghosted.experiments.spec import FORMER_NAMES, ExperimentSpec, flat_flags
 from tests.tiny import tiny_model
 

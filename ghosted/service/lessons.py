@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ghosted.experiments.comparison import PRUNED, REFERENCE_LABEL, FrontierPoint
-from ghosted.experiments.results import FittedRun, ZeroShot
+from ghosted.service.comparison import PRUNED, REFERENCE_LABEL, FrontierPoint
+from ghosted.service.results import FittedRun, ZeroShot
 from ghosted.models.architecture import hidden_size
 from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.recovery.diagnostics import directions_holding, removed_shares

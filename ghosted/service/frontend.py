@@ -12,9 +12,9 @@ from ghosted.core.progress import Progress
 from ghosted.data.sources import SourceUnavailableError, TextSource
 from ghosted.evaluation.intervals import IntervalConfig
 from ghosted.evaluation.zeroshot import parse_tasks
-from ghosted.experiments import comparison, lessons, links, precompute, probes, recipes, workbench
-from ghosted.experiments.deploy import DeployConfig, from_env
-from ghosted.experiments.jobs import JobQueue, JobStatus
+from ghosted.service import comparison, lessons, links, precompute, probes, recipes, workbench
+from ghosted.service.deploy import DeployConfig, from_env
+from ghosted.service.jobs import JobQueue, JobStatus
 from ghosted.experiments.spec_flags import command
 from ghosted.models.architecture import describe, hidden_size, num_layers, removed_share
 from ghosted.models.assets import BUNDLED_MODEL

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from ghosted.experiments import precompute, workbench as wb
-from ghosted.experiments.deploy import CLASSROOM, DEMO, LOCAL
+from ghosted.service import precompute, workbench as wb
+from ghosted.service.deploy import CLASSROOM, DEMO, LOCAL
 
 
 def test_the_default_plan_is_every_preset_of_the_bundled_model_at_the_page_defaults():

@@ -7,8 +7,8 @@ import statistics
 import pandas as pd
 import pytest
 
-from ghosted.experiments import grid as grid_module
-from ghosted.experiments.grid import evaluate_setting, run_grid
+from ghosted.grid import run as grid_module
+from ghosted.grid.run import evaluate_setting, run_grid
 from ghosted.experiments.session import Session
 from ghosted.experiments.validate import MAX_SEEDS
 from tests.tiny import small_config, tiny_loaded

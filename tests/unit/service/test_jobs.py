@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from ghosted.experiments.jobs import JobCancelled, JobQueue, default_threads, default_workers
-from ghosted.experiments.store import ResultStore
+from ghosted.service.jobs import JobCancelled, JobQueue, default_threads, default_workers
+from ghosted.service.store import ResultStore
 
 WAIT = 30  # seconds a test waits for a worker before failing (never reached when the queue works)
 

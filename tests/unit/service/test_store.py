@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ghosted.experiments.store import PREFIX, Codec, ResultStore, request_key
+from ghosted.service.store import PREFIX, Codec, ResultStore, request_key
 
 JSON_CODEC = {"table": Codec(encode=lambda rows: {"rows": rows}, decode=lambda data: list(data["rows"]))}
 

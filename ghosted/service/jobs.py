@@ -7,7 +7,7 @@ a calibration and fit, an evaluation) goes through one ``JobQueue``:
   * a set number of worker threads (by default one per core, ``default_workers``), each job running with
     ``threads_per_job`` torch threads (by default one, ``default_threads``), so the jobs that run get whole
     cores and never wait on each other's threads;
-  * a job is named by its request key (``ghosted.experiments.store.request_key``): a request identical
+  * a job is named by its request key (``ghosted.service.store.request_key``): a request identical
     to one already queued or running joins it instead of starting again (in-flight de-duplication), and
     one whose result is in the ``ResultStore`` is answered at once;
   * every waiting owner (a browser session) sees its place in the queue and an estimate of the wait,
@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ghosted.core import eventlog
-from ghosted.experiments.store import ResultStore
+from ghosted.service.store import ResultStore
 
 HISTORY = 20  # durations kept per kind of job for the wait estimate
 ENDED_KEPT = 256  # failed or cancelled jobs remembered, so their owners can read why

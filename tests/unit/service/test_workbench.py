@@ -8,9 +8,9 @@ import json
 import pytest
 
 from ghosted.data.sources import TextSource
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.deploy import DEMO, LOCAL
-from ghosted.experiments.store import PREFIX
+from ghosted.service import workbench as wb
+from ghosted.service.deploy import DEMO, LOCAL
+from ghosted.service.store import PREFIX
 from tests.tiny import tiny_loaded
 
 SMALL_FIT = dict(layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost",), batch_size=2)

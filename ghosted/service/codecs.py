@@ -11,8 +11,8 @@ import math
 
 import pandas as pd
 
-from ghosted.experiments.comparison import VariantTable
-from ghosted.experiments.results import Evaluation, Generations, Influence, ZeroShot
+from ghosted.service.comparison import VariantTable
+from ghosted.service.results import Evaluation, Generations, Influence, ZeroShot
 
 BLOCK_COLUMNS = ("metric", "start", "n", "end", "value")  # InfluenceReport.blocks
 LAYER_COLUMNS = ("metric", "layer", "value")  # InfluenceReport.layers

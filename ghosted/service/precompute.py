@@ -28,8 +28,8 @@ import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.deploy import DeployConfig, from_env
+from ghosted.service import workbench as wb
+from ghosted.service.deploy import DeployConfig, from_env
 
 TEACHING_EVAL_TOKENS = 1024  # the teaching flow's evaluation size (docs/DEPLOY.md, the load benchmark)
 DEFAULT_N = 6  # the Influence page's default block size for its presets

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from ghosted.experiments import lessons
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.results import ZeroShot
+from ghosted.service import lessons
+from ghosted.service import workbench as wb
+from ghosted.service.results import ZeroShot
 from ghosted.recovery.diagnostics import directions_holding, removed_shares
 from tests.tiny import tiny_loaded
 

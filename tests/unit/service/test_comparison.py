@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from ghosted.experiments import codecs
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.comparison import Difference, VariantRow, VariantTable, span
+from ghosted.service import codecs
+from ghosted.service import workbench as wb
+from ghosted.service.comparison import Difference, VariantRow, VariantTable, span
 from tests.tiny import tiny_loaded
 
 FIT = dict(model="tiny", layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost", "ghost-auto"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from ghosted.data.sources import TextSource
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.deploy import DEMO, LOCAL
-from ghosted.experiments.links import from_query, to_query
+from ghosted.service import workbench as wb
+from ghosted.service.deploy import DEMO, LOCAL
+from ghosted.service.links import from_query, to_query
 
 KEY = wb.BUNDLED_KEY
 

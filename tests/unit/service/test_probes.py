@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from ghosted.evaluation.lens import logit_lens, token_losses
-from ghosted.experiments import workbench as wb
-from ghosted.experiments.deploy import CLASSROOM, DEMO, LOCAL, PROBE_CHARS_PER_TOKEN
-from ghosted.experiments.probes import LensRequest, TokenLossRequest, default_passage
+from ghosted.service import workbench as wb
+from ghosted.service.deploy import CLASSROOM, DEMO, LOCAL, PROBE_CHARS_PER_TOKEN
+from ghosted.service.probes import LensRequest, TokenLossRequest, default_passage
 from tests.tiny import tiny_loaded
 
 FIT = wb.FitRequest(model="tiny", layers=(2, 3), calib_seqs=4, seq_len=24, heldout_seqs=2, methods=("ghost",),

@@ -13,7 +13,7 @@ ShortGPT) and pruning ratios (7 and 11 of 32 layers). This module runs the same 
      perplexity's mean, standard deviation, min and max over the K draws.
 
 ``GridResult.frame`` is tidy (one row per setting x method x text); ``markdown()`` renders the tables
-(``ghosted.experiments.grid_report``) that docs/REPRODUCTION.md embeds, ``save()`` writes grid.csv,
+(``ghosted.grid.report``) that docs/REPRODUCTION.md embeds, ``save()`` writes grid.csv,
 grid.md and grid.json.
 
 Finished work is kept: with an output folder, every finished part (the layers each selection chose,
@@ -35,8 +35,8 @@ import pandas as pd
 
 from ghosted.core.progress import Progress, lines
 from ghosted.experiments import validate
-from ghosted.experiments.grid_report import seeds_markdown, task_markdown, to_markdown
-from ghosted.experiments.journal import GridJournal, settings_digest
+from ghosted.grid.report import seeds_markdown, task_markdown, to_markdown
+from ghosted.grid.journal import GridJournal, settings_digest
 from ghosted.experiments.seeds import summarize_seeds
 from ghosted.experiments.session import Session
 from ghosted.experiments.spec import ExperimentSpec

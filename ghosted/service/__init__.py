@@ -1,0 +1,1 @@
+"""The app's service: its typed requests and results, the job queue, the result store, deployments."""
