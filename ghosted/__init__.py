@@ -21,8 +21,7 @@ from __future__ import annotations
 
 
 from ghosted.core.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
-
-__version__ = "0.1.0"
+from ghosted.core.version import __version__  # a constant: no import of any weight
 
 
 def _is_loaded(obj) -> bool:

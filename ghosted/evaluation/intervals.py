@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from statistics import NormalDist
 from dataclasses import dataclass
 
 import numpy as np
@@ -129,20 +130,8 @@ def normal_interval(estimate: float, stderr: float | None, units: int, level: fl
     """``estimate ± z·stderr`` for a score that comes with only its standard error (a harness task)."""
     if stderr is None or not math.isfinite(stderr) or units < 2:
         return Interval(estimate, None, None, units, level)
-    z = _normal_quantile(0.5 + level / 2)
+    z = NormalDist().inv_cdf(0.5 + level / 2)  # the two-sided normal quantile
     return Interval(estimate, estimate - z * stderr, estimate + z * stderr, units, level)
-
-
-def _normal_quantile(p: float) -> float:
-    """The standard normal quantile (bisection on erf: exact enough, no scipy needed)."""
-    low, high = -10.0, 10.0
-    for _ in range(100):
-        mid = (low + high) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < p:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
 
 
 def _as_arrays(sums, counts) -> tuple[np.ndarray, np.ndarray]:

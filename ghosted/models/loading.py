@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ghosted import __version__
+from ghosted.core.version import __version__
 from ghosted.core.untrusted import (check_gguf_header, check_safetensors_header, confined_file, read_json_file,
                                     regular_file)
 from ghosted.models.assets import (BUNDLED_GGUF, BUNDLED_MODEL, bundled_gguf_path, cache_dir, file_lock,

@@ -23,7 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from ghosted import __version__
+from ghosted.core.version import __version__
 from ghosted.data.sources import TextSource
 from ghosted.service import codecs
 from ghosted.service.comparison import VariantTable
