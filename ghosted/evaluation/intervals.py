@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from statistics import NormalDist
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 

@@ -29,8 +29,6 @@ FRONT_ENDS = ("cli",)  # above every layer; nothing below imports them
 FLAT_ALLOWED = {"__init__.py", "__main__.py"}
 APP_BACKEND = ("ghosted.service.frontend", "ghosted.experiments.session")  # what the app may import
 NUMERIC = ("torch", "numpy", "scipy")  # what the app never imports: its numbers come from the library
-ROOT_CONSTANTS: frozenset[str] = frozenset()  # names of ghosted/__init__.py a module may read without an edge: none
-# (the version lives in ghosted.core.version, so no module reads the top package)
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -55,11 +53,8 @@ def imports_of(path: Path, root: Path = ROOT) -> set[str]:
             if node.level:  # relative: from . import x, from ..data import windows
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([base] if base else []))
-            names = [alias.name for alias in node.names]
-            if base == root.name and set(names) <= ROOT_CONSTANTS:
-                continue
             found.add(base)
-            found.update(f"{base}.{name}" for name in names)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
     return found
 
 
