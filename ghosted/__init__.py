@@ -180,7 +180,8 @@ def fit(model, drop, windows=None, methods=("ghost-auto",), heldout=None, progre
     from ghosted.recovery.methods import needing_heldout
 
     methods = validate.check_methods(methods)
-    spec = _spec_of({"cache": False, **settings}, methods=methods)  # the API saves no statistics unasked
+    made = _model_settings(model)  # so that the spec a save writes names the model it was fitted on
+    spec = _spec_of({"cache": False, **made, **settings}, methods=methods)  # the API saves no statistics unasked
     validate.check_drop(drop, validate.facts_of_model(_model_of(model)).layers)  # before any forward pass
     _check_fit_settings(settings)
     given = None
@@ -204,6 +205,14 @@ def _spec_of(settings: dict, base=None, **fixed):
     from ghosted.experiments.spec import ExperimentSpec
 
     return (base or ExperimentSpec()).with_options(**settings, **fixed)
+
+
+def _model_settings(model) -> dict:
+    """The spec's model settings for a ``LoadedModel`` loaded from a source (its source and precision); none
+    for a bare model, which no spec loads again."""
+    if not _is_loaded(model) or model.kind == "module":
+        return {}
+    return {"model": model.source, "dtype": model.dtype}
 
 
 def _as_loaded(model):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import pandas as pd
+import torch
 from torch import nn
 
 from ghosted.calibration.cache import resolve_cache
@@ -191,7 +192,8 @@ class Session:
                       progress=self.progress, cache=self.cache)
         refs = registry.with_role(self.spec.methods if methods is None else methods, registry.REFERENCE)
         spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])
-        run.spec = spec.to_dict() if self._drawn else None  # windows given by hand: no spec redraws them
+        drawn = spec if self._drawn else _spec_drawing(spec, windows, self.lm.tokenizer)  # None: none draws them
+        run.spec = drawn.to_dict() if drawn is not None else None
         return FittedRun(spec, choice.layers, run, choice.selection)
 
     # ------------------------------------------------------------------------------ evaluation
@@ -315,3 +317,23 @@ def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress, calibr
     say = lines(progress) if texts else None
     windows, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
     return EvaluationWindows(windows, describe_protocol(protocol, skipped))
+
+
+def _spec_drawing(spec: ExperimentSpec, windows: CalibrationWindows, tokenizer) -> ExperimentSpec | None:
+    """``spec`` with the calibration that draws ``windows`` again, or None when no spec can.
+
+    Windows of ``ghosted.calibrate`` (random windows of a named text, nothing held out) are drawn again
+    by a spec with that text, count, length and seed and no held-out windows: the spec is kept only when its
+    draw gives those very windows (the text's tokens are cached, so the check costs no tokenisation). Held-out
+    windows given beside them, or windows of an in-memory text, came from draws a spec does not make.
+    """
+    made = windows.fit.protocol
+    if windows.heldout is not None or made.get("sampling") != "random windows" or tokenizer is None:
+        return None
+    try:
+        again = spec.with_options(calib=made["source"], calib_seqs=int(made["n_windows"]),
+                                  seq_len=int(made["seq_len"]), heldout_seqs=0, seed=int(made["seed"]))
+        drawn, _ = again.calibration.windows(tokenizer)
+    except (KeyError, TypeError, ValueError, OSError):  # not a text a spec can name, or no longer readable
+        return None
+    return again if torch.equal(drawn.input_ids, windows.fit.input_ids) else None
