@@ -194,7 +194,7 @@ class Session:
         spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])
         drawn = spec if self._drawn else _spec_drawing(spec, windows, self.lm.tokenizer)  # None: none draws them
         run.spec = drawn.to_dict() if drawn is not None else None
-        return FittedRun(spec, choice.layers, run, choice.selection)
+        return FittedRun(drawn or spec, choice.layers, run, choice.selection)
 
     # ------------------------------------------------------------------------------ evaluation
     def models(self, fitted: FittedRun | None = None, reference: bool = True) -> dict[str, nn.Module]:
