@@ -19,6 +19,7 @@ names of their own (``ghosted.calibration.collect``, ``ghosted.selection.criteri
 
 from __future__ import annotations
 
+import os
 
 from ghosted.core.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
 from ghosted.core.version import __version__  # a constant: no import of any weight
@@ -92,13 +93,15 @@ def influence(model, windows, heldout=None, progress=None, **config):
         >>> report = ghosted.influence(lm, calib, n_values=[7])
         >>> report.matrix("recoverability")                      # start × n, lower is better
     """
-    from ghosted.selection.criteria import CRITERIA, SINGLE_PASS, InfluenceConfig
-    from ghosted.selection.criteria import influence as score_layers
+    from ghosted.experiments.session import CalibrationWindows, Session
+    from ghosted.selection.criteria import CRITERIA, SINGLE_PASS
 
     if heldout is None and "metrics" not in config:
         config["metrics"] = [m for m in SINGLE_PASS if CRITERIA[m].cost != "heldout"]
     _check_influence_config(_model_of(model), windows, config)
-    return score_layers(_model_of(model), windows, InfluenceConfig(**config), heldout=heldout, progress=progress)
+    session = Session(_spec_of({"cache": False}), _as_loaded(model), progress,
+                      windows=CalibrationWindows(windows, heldout))
+    return session.influence(**config)
 
 
 def _check_influence_config(model, windows, config: dict) -> None:
@@ -289,18 +292,38 @@ def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384
         PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
     """
     from ghosted.experiments import validate
-    from ghosted.evaluation.perplexity import perplexity
-    from ghosted.data.windows import evaluation_windows
+    from ghosted.experiments.session import Session
 
     data = model if data is None else data
-    windows = data
     validate.check_count("batch_size", batch_size, 1, validate.MAX_BATCH)
-    if not hasattr(data, "input_ids"):
+    windows = data if hasattr(data, "input_ids") else None
+    texts = {}  # a text given as itself (a TextSource), not by name: the session reads it as given
+    if windows is None:
         validate.check_eval_size(tokens, seq_len, "tokens", "seq_len")
         validate.check_source(source, "evaluation")
-        windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len, calibration_source)
+        texts = {key: text for key, text in (("evaluation_text", source), ("calibration_text", calibration_source))
+                 if text is not None and not isinstance(text, (str, os.PathLike))}
+    names = {"eval": _text_name(source), "eval_tokens": tokens, "eval_seq_len": seq_len, "batch_size": batch_size,
+             "calib": _text_name(source if calibration_source is None else calibration_source), "cache": False}
+    session = Session(_spec_of(names), _with_tokenizer(model, data), progress, **texts)
+    if windows is None:
+        windows = next(iter(session.evaluation().texts.values()))
     _check_windows(_model_of(model), windows)
-    return perplexity(_model_of(model), windows, batch_size=batch_size, progress=progress)
+    return session.perplexity(_model_of(model), windows)
+
+
+def _text_name(text) -> str:
+    """A text's name in a spec: the name itself, a path as a string, a ``TextSource`` by its name."""
+    return os.fspath(text) if isinstance(text, (str, os.PathLike)) else str(getattr(text, "name", "text"))
+
+
+def _with_tokenizer(model, data):
+    """``model`` as a ``LoadedModel`` whose tokenizer is ``data``'s (a tokenizer or a ``LoadedModel``)."""
+    from dataclasses import replace
+
+    loaded = _as_loaded(model)
+    tokenizer = _tokenizer_of(data) if not hasattr(data, "input_ids") else loaded.tokenizer
+    return loaded if tokenizer is loaded.tokenizer else replace(loaded, tokenizer=tokenizer)
 
 
 def generate(model, tokenizer, prompts, **overrides):

@@ -101,10 +101,11 @@ class Session:
     """
 
     def __init__(self, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
-                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None):
+                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None,
+                 offload_folder: str | None = None):
         self.spec = spec
         self.progress = progress
-        self.lm = loaded if loaded is not None else load_spec_model(spec)
+        self.lm = loaded if loaded is not None else load_spec_model(spec, offload_folder)
         self.cache = resolve_cache(spec.calibration.cache)  # this session's: ``written``, ``failure`` say what it saved
         self._calibration_text = calibration_text
         self._evaluation_text = evaluation_text
@@ -115,8 +116,9 @@ class Session:
     @classmethod
     def open(cls, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
              **options) -> Session:
-        """A session on ``spec`` after every check: the settings before loading, the layers and
-        positions against the model before any forward pass."""
+        """A session on ``spec`` after every check, each made once: the settings before the model is loaded
+        (``validate.check_run``), the layers and positions against the model before any forward pass. The
+        door of a whole experiment (``run_experiment``, ``run_seeds``, ``python -m ghosted run``)."""
         from ghosted.experiments import validate
 
         validate.check_run(spec)
@@ -224,6 +226,14 @@ class Session:
             rows += [evaluation_row(name, text, scored[name], model, recovery, errors)
                      for name, model in models.items()]
         return EvaluationTable(rows, evaluation.protocol)
+
+    def perplexity(self, model: nn.Module | None = None, windows: TokenWindows | None = None):
+        """Perplexity of ``model`` (default: the loaded one) as a ``PerplexityResult``, on ``windows``
+        (default: the spec's evaluation text, as ``evaluation`` draws it)."""
+        if windows is None:
+            windows = next(iter(self.evaluation().texts.values()))
+        return perplexity(self.lm.model if model is None else model, windows,
+                          batch_size=self.spec.calibration.batch_size, progress=self.progress)
 
     def unevaluated(self, fitted: FittedRun | None, reference: bool = True) -> EvaluationTable:
         """The rows of ``fitted``'s models without perplexity (a run stopped before it evaluated)."""
