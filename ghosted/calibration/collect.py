@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ghosted.models.architecture import hidden_size, num_layers
+from ghosted.models.architecture import num_layers
 from ghosted.models.capture import tap
 from ghosted.models.pruning import format_layers
 from ghosted.core.progress import Progress, for_stage
@@ -97,17 +97,11 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
     """
     cfg = config or CalibrationConfig()
     y_index = _index_map(model)
-    for gap in gaps:
-        if gap.end not in y_index or gap.start >= gap.end:
-            raise ValueError(f"Gap {gap} does not fit this model's layers {sorted(y_index)[:-1]}.")
-    dim = hidden_size(model)
     use_mlp = cfg.replaceme
     accumulators: dict[Gap, BoundaryAccumulator] = {}
     x_source = x_model if x_model is not None else model
     index = _index_map(x_source)
-    missing = [g for g in gaps if g.start not in index or (use_mlp and g.start > 0 and g.start - 1 not in index)]
-    if missing:
-        raise ValueError(f"Gaps {missing} need layers this model no longer has.")
+    check_gaps(gaps, y_index, index, use_mlp)
     x_bounds = sorted({index[g.start] for g in gaps})
     mlp_layers = sorted({index[g.start - 1] for g in gaps if use_mlp and g.start > 0})
     y_bounds = sorted({y_index[g.end] for g in gaps})
@@ -126,16 +120,34 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
                 x = got_x.resid[index[gap.start]]  # (B, T, d)
                 y = got_y.resid[y_index[gap.end]]  # (B, T, d)
                 m = got_x.mlp.get(index[gap.start - 1]) if use_mlp and gap.start > 0 else None
-                if gap not in accumulators:
-                    accumulators[gap] = BoundaryAccumulator(
-                        gap.start, gap.end, dim, device=x.device, with_mlp=m is not None,
-                        lp=cfg.linearpatch, reservoir_tokens=cfg.reservoir_tokens, seed=cfg.seed)
-                valid = mask.to(x.device).bool()  # (B, T)
-                require_finite_activations(gap, (done - 1) * cfg.batch_size, valid, x, y, m)
-                sink = sink_detector(x, valid) if sink_detector else None
-                accumulators[gap].update(x, y.to(x.device), valid, m=m, sink=sink)
+                accumulate(accumulators, gap, (x, y, m), mask, (done - 1) * cfg.batch_size, cfg, sink_detector)
             step(done, total)
     return {gap: acc.finalize() for gap, acc in accumulators.items()}
+
+
+def accumulate(accumulators: dict[Gap, BoundaryAccumulator], gap: Gap, streams, mask: torch.Tensor,
+               first_window: int, cfg: CalibrationConfig, sink_detector: SinkDetector | None = None) -> None:
+    """Add one batch's ``streams`` (X, Y, m: (B, T, d), m may be None) of ``gap`` to its accumulator,
+    once they are finite on every valid token (the accumulator is made on the first batch, on X's device)."""
+    x, y, m = streams
+    if gap not in accumulators:
+        accumulators[gap] = BoundaryAccumulator(
+            gap.start, gap.end, x.size(-1), device=x.device, with_mlp=m is not None,
+            lp=cfg.linearpatch, reservoir_tokens=cfg.reservoir_tokens, seed=cfg.seed)
+    valid = mask.to(x.device).bool()  # (B, T)
+    require_finite_activations(gap, first_window, valid, x, y, m)
+    sink = sink_detector(x, valid) if sink_detector else None
+    accumulators[gap].update(x, y.to(x.device), valid, m=m, sink=sink)
+
+
+def check_gaps(gaps: list[Gap], y_index: dict[int, int], x_index: dict[int, int], use_mlp: bool) -> None:
+    """A ValueError, before any pass, for a gap the models' layers (``_index_map``) cannot serve."""
+    for gap in gaps:
+        if gap.end not in y_index or gap.start >= gap.end:
+            raise ValueError(f"Gap {gap} does not fit this model's layers {sorted(y_index)[:-1]}.")
+    missing = [g for g in gaps if g.start not in x_index or (use_mlp and g.start > 0 and g.start - 1 not in x_index)]
+    if missing:
+        raise ValueError(f"Gaps {missing} need layers this model no longer has.")
 
 
 def require_finite_activations(gap: Gap, first_window: int, valid: torch.Tensor, *streams) -> None:

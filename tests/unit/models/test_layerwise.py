@@ -1,0 +1,169 @@
+"""Layer-by-layer execution from the checkpoint equals the whole model, for every family of tests/tiny.py.
+
+Each tiny model is saved with ``save_pretrained`` (safetensors) and read back by ``LazyModel``: the logits,
+the calibration statistics of every gap (MLP sums and the ReplaceMe reservoir included), the ghost operator
+fitted from them and the perplexities, KL and top-1 agreement of dense and pruned views are compared with
+the whole model in memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.calibration.layerwise import collect_stats_layerwise
+from ghosted.data.windows import TokenWindows
+from ghosted.evaluation.layerwise import chunk_positions, layerwise_perplexities
+from ghosted.evaluation.shared_prefix import perplexities
+from ghosted.models.architecture import layers_of
+from ghosted.models.layer_pass import LayerPass
+from ghosted.models.lazy import CheckpointError, LazyModel
+from ghosted.models.pruning import prune
+from ghosted.recovery.solvers import ghost_operator
+from tests.tiny import FAMILIES, VOCAB, random_ids, tiny_model
+from tests.tolerance import FLOAT64_REL, TINY_MODEL_TOL
+
+GAPS = [Gap(1, 3), Gap(4, 6)]  # one inside the stack, one ending at the last layer's output
+
+
+def _windows(n: int = 5, length: int = 12, seed: int = 0) -> TokenWindows:
+    ids = random_ids(n, length, seed=seed)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding on one window: masks reach every layer as in the whole model
+    return TokenWindows(ids, mask, {"source": "random", "n_windows": n, "seq_len": length})
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def saved(request, tmp_path_factory):
+    """(family, whole model, folder holding it as safetensors)."""
+    model = tiny_model(request.param)
+    folder = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(folder)
+    return request.param, model, folder
+
+
+@torch.no_grad()
+def test_logits_are_the_whole_models_bit_for_bit(saved):
+    _, model, folder = saved
+    lazy = LazyModel(folder)
+    windows = _windows()
+    batch = (windows.input_ids[:3], windows.attention_mask[:3])
+    views = {"dense": lazy.model, "pruned": prune(lazy.model, "2-3")}
+    runner = LayerPass(lazy)
+    finals = runner.run([batch], views)
+    with runner.tail() as tail:
+        got = {name: tail.logits(tail.normed(stream[0], *batch)) for name, stream in finals.items()}
+    # same process, same ops on the same tensors: the very same bits
+    assert torch.equal(got["dense"], model(input_ids=batch[0], attention_mask=batch[1], use_cache=False).logits)
+    pruned = prune(model, "2-3")(input_ids=batch[0], attention_mask=batch[1], use_cache=False).logits
+    assert torch.equal(got["pruned"], pruned)
+    assert all(p.is_meta for p in layers_of(lazy.model).parameters())  # every layer freed after use
+
+
+def test_calibration_statistics_and_ghost_fit_are_bitwise_equal(saved):
+    _, model, folder = saved
+    cfg = CalibrationConfig(batch_size=2, reservoir_tokens=7)
+    want = collect_stats(model, _windows(), GAPS, cfg)
+    got = collect_stats_layerwise(LazyModel(folder), _windows(), GAPS, cfg)
+    assert set(got) == set(want)
+    for gap in GAPS:
+        for field in ("xtx", "xtd", "dtd", "x_sum", "y_sum", "mtm", "mtd", "lp_ratio_sum"):
+            assert torch.equal(getattr(got[gap], field), getattr(want[gap], field)), (gap, field)
+        assert got[gap].n_tokens == want[gap].n_tokens
+        assert torch.equal(got[gap].replaceme_samples.m, want[gap].replaceme_samples.m)
+        assert torch.equal(ghost_operator(got[gap]), ghost_operator(want[gap]))
+
+
+def test_perplexity_kl_and_top1_equal_the_whole_models(saved):
+    _, model, folder = saved
+    lazy = LazyModel(folder)
+    drop = "2-3"
+    windows = _windows()
+    want = perplexities({"dense": model, "none": prune(model, drop)}, windows, batch_size=2)
+    budget = 2 * 4 * VOCAB * 4 * 3  # three positions per chunk: several chunks per window
+    assert chunk_positions(2, VOCAB, budget) == 3
+    got = layerwise_perplexities(lazy, {"dense": lazy.model, "none": prune(lazy.model, drop)}, windows,
+                                 batch_size=2, budget=budget)
+    for name in want:
+        assert got[name].scored_tokens == want[name].scored_tokens
+        assert math.isclose(got[name].ppl, want[name].ppl, rel_tol=TINY_MODEL_TOL)
+        for key in ("kl", "top1"):
+            assert math.isclose(got[name].summary[key], want[name].summary[key], rel_tol=TINY_MODEL_TOL,
+                                abs_tol=TINY_MODEL_TOL)
+        assert got[name].protocol["device"] == "cpu"
+
+
+def test_float64_statistics_are_bitwise_and_perplexity_agrees_to_round_off(tmp_path):
+    model = tiny_model("llama").double()
+    model.save_pretrained(tmp_path)
+    lazy = LazyModel(tmp_path, dtype=torch.float64)
+    cfg = CalibrationConfig(batch_size=2, reservoir_tokens=0)
+    want, got = collect_stats(model, _windows(), GAPS, cfg), collect_stats_layerwise(lazy, _windows(), GAPS, cfg)
+    assert all(torch.equal(got[g].xtd, want[g].xtd) and torch.equal(got[g].xtx, want[g].xtx) for g in GAPS)
+    dense = perplexities({"dense": model}, _windows(), batch_size=2)["dense"]
+    layerwise = layerwise_perplexities(lazy, {"dense": lazy.model}, _windows(), batch_size=2)["dense"]
+    assert math.isclose(layerwise.ppl, dense.ppl, rel_tol=FLOAT64_REL)
+    assert layerwise.protocol["dtype"] == "float64"
+
+
+@pytest.fixture
+def sharded(tmp_path):
+    """A tiny Llama saved in three shards with an index."""
+    tiny_model("llama").save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) >= 3
+    return tmp_path
+
+
+def test_sharded_checkpoint_reads_per_layer(sharded):
+    lazy = LazyModel(sharded)
+    assert lazy.layer_bytes(layers_of(lazy.model)[0]) > 0
+    got = collect_stats_layerwise(lazy, _windows(), GAPS[:1], CalibrationConfig(batch_size=2))
+    assert got[GAPS[0]].n_tokens == int(_windows().attention_mask.sum())
+
+
+def _index(folder):
+    import json
+
+    return json.loads((folder / "model.safetensors.index.json").read_text())
+
+
+def test_index_naming_a_missing_shard_is_one_line_naming_it(sharded):
+    shard = sorted(set(_index(sharded)["weight_map"].values()))[-1]
+    (sharded / shard).unlink()
+    with pytest.raises(CheckpointError, match=f"in {shard}, which is not in"):
+        LazyModel(sharded)
+
+
+def test_truncated_shard_names_file_and_tensor(sharded):
+    shard = sharded / sorted(set(_index(sharded)["weight_map"].values()))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match=rf"{shard.name}.*tensor '.*' ends at byte"):
+        LazyModel(sharded)
+
+
+def test_missing_tensor_or_wrong_shape_is_refused_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tiny_model("llama").save_pretrained(tmp_path)
+    file = tmp_path / "model.safetensors"
+    tensors = load_file(file)
+    del tensors["model.layers.3.mlp.up_proj.weight"]
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"'model.layers.3.mlp.up_proj.weight' .* is in no shard"):
+        LazyModel(tmp_path)
+    tensors["model.layers.3.mlp.up_proj.weight"] = torch.zeros(64, 31)
+    save_file(tensors, file, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"'model.layers.3.mlp.up_proj.weight' in .*model.safetensors has "
+                                              r"shape \[64, 31\], but the config asks for \[64, 32\]"):
+        LazyModel(tmp_path)
+
+
+def test_folder_without_safetensors_says_what_to_do(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="holds no .safetensors weights"):
+        LazyModel(tmp_path)
