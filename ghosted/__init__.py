@@ -291,6 +291,12 @@ def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384
         validate.check_source(source, "evaluation")
         windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len, calibration_source)
     _check_windows(_model_of(model), windows)
+    from ghosted.models.lazy import lazy_of
+
+    if lazy_of(_model_of(model)) is not None:  # read layer by layer (``load(..., layerwise=True)``)
+        from ghosted.evaluation.shared_prefix import perplexities
+
+        return perplexities({"model": _model_of(model)}, windows, batch_size=batch_size, progress=progress)["model"]
     return perplexity(_model_of(model), windows, batch_size=batch_size, progress=progress)
 
 

@@ -4,6 +4,10 @@ A *gap* is a contiguous run of removed layers [start, end). Its statistics pair 
 entering ``start``, with Y, the stream entering ``end``; ReplaceMe also needs m, the MLP-branch
 output of layer start-1. All gaps are served by a single forward pass that stops right after the
 deepest boundary needed, and each gap's sums live on the device of its boundary layer.
+
+A model read layer by layer (``ghosted.models.lazy``) gets the same sums, batch for batch in the same order
+(so bitwise equal statistics and operators), from one ``LayerPass``: X and m are kept per batch from their
+boundary until the stream Y at the gap's end arrives, and X is let go once no open gap needs it.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from torch import nn
 
 from ghosted.models.architecture import num_layers
 from ghosted.models.capture import tap
+from ghosted.models.layer_pass import LayerPass
+from ghosted.models.lazy import LazyModel, lazy_of
 from ghosted.models.pruning import format_layers
 from ghosted.core.progress import Progress, for_stage
 from ghosted.core.guards import NonFiniteError, nonfinite_cause
@@ -96,6 +102,9 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
         >>> stats[Gap(12, 19)].xtx.shape     # (576, 576), float64
     """
     cfg = config or CalibrationConfig()
+    if lazy_of(model) is not None:  # read layer by layer from the checkpoint: the same sums, each layer read once
+        return collect_stats_layerwise(lazy_of(model), windows, gaps, cfg, model=model, x_model=x_model,
+                                       sink_detector=sink_detector, progress=progress, label=label)
     y_index = _index_map(model)
     use_mlp = cfg.replaceme
     accumulators: dict[Gap, BoundaryAccumulator] = {}
@@ -123,6 +132,44 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
                 accumulate(accumulators, gap, (x, y, m), mask, (done - 1) * cfg.batch_size, cfg, sink_detector)
             step(done, total)
     return {gap: acc.finalize() for gap, acc in accumulators.items()}
+
+
+def collect_stats_layerwise(lazy: LazyModel, windows, gaps: list[Gap], config: CalibrationConfig | None = None,
+                            *, model: nn.Module | None = None, x_model: nn.Module | None = None,
+                            sink_detector: SinkDetector | None = None, progress: Progress | None = None,
+                            label: str = "calibration (layer-wise)") -> dict[Gap, BoundaryStats]:
+    """What ``collect_stats(model, windows, gaps, config, x_model=...)`` returns, for views of ``lazy.model``
+    (``model`` defaults to ``lazy.model`` itself); the pass stops after the deepest gap's end."""
+    cfg = config or CalibrationConfig()
+    y_model = model if model is not None else lazy.model
+    x_source = x_model if x_model is not None else y_model
+    check_gaps(gaps, _index_map(y_model), _index_map(x_source), cfg.replaceme)
+    batches = list(_batches(windows, cfg.batch_size))
+    x_at: dict[int, dict[int, object]] = {g.start: {} for g in gaps}  # start -> batch -> X (B, T, d)
+    m_at: dict[int, dict[int, object]] = {g.start - 1: {} for g in gaps if cfg.replaceme and g.start > 0}
+    accumulators: dict[Gap, BoundaryAccumulator] = {}
+    ends = sorted({g.end for g in gaps})
+
+    def on_boundary(name: str, b: int, batch: int, hidden) -> None:
+        if name == "x" and b in x_at:
+            x_at[b][batch] = hidden
+        if name == "y":
+            for gap in (g for g in gaps if g.end == b):
+                m = m_at[gap.start - 1][batch] if gap.start - 1 in m_at else None
+                accumulate(accumulators, gap, (x_at[gap.start][batch], hidden, m), batches[batch][1],
+                           batch * cfg.batch_size, cfg, sink_detector)
+            if batch == len(batches) - 1:  # the last batch of this end: X no open gap needs is let go
+                for start in [s for s in x_at if all(g.end <= b for g in gaps if g.start == s)]:
+                    x_at.pop(start)
+
+    def on_mlp(name: str, layer: int, batch: int, hidden) -> None:
+        m_at[layer][batch] = hidden
+
+    variants = {"x": x_source, "y": y_model}
+    LayerPass(lazy).run(batches, variants, until=ends[-1], boundaries={"x": set(x_at), "y": set(ends)},
+                        on_boundary=on_boundary, mlp={"x": set(m_at)}, on_mlp=on_mlp, progress=progress,
+                        label=label)
+    return {gap: accumulators[gap].finalize() for gap in gaps}
 
 
 def accumulate(accumulators: dict[Gap, BoundaryAccumulator], gap: Gap, streams, mask: torch.Tensor,

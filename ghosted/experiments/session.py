@@ -214,7 +214,7 @@ class Session:
         for text, windows in evaluation.texts.items():
             if on is not None and text != on:
                 continue
-            if len(models) == 1:  # nothing to share: the plain pass, labelled by its method
+            if len(models) == 1 and not self.lm.extra.get("layerwise"):  # nothing to share: the plain pass
                 (name, model), = models.items()
                 scored = {name: perplexity(model, windows, batch_size=batch, progress=self.progress, label=name)}
             else:
@@ -284,7 +284,8 @@ def load_spec_model(spec: ExperimentSpec, offload_folder: str | None = None) -> 
 
     m = spec.model
     return load_any(m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
-                    trust_remote_code=m.trust_remote_code, offload_folder=offload_folder)
+                    trust_remote_code=m.trust_remote_code, offload_folder=offload_folder,
+                    **({"layerwise": True} if m.layerwise else {}))
 
 
 def _layer_list(layers, model: nn.Module) -> list[int]:

@@ -129,6 +129,8 @@ class LazyModel:
         model.tie_weights()  # tied embeddings: the head is the embedding's very parameter, as after loading
         model.eval()
         model.requires_grad_(False)
+        model.ghosted_lazy = self  # views (``build_variant``'s shallow clones) carry it: ``lazy_of`` finds it
+        model.register_forward_pre_hook(_whole_call, with_kwargs=True)  # views copy the hook with the dict
         self.model = model
         self._names = self._checked_names()
         self._load_buffers()
@@ -184,6 +186,28 @@ class LazyModel:
             for param in swapped:  # the real tensor goes with the temporary Parameter: freed here
                 torch.utils.swap_tensors(param, nn.Parameter(torch.empty_like(param, device="meta"),
                                                              requires_grad=False))
+
+
+class LayerwiseUnsupported(RuntimeError):
+    """A step that runs the whole model at once was asked of a model read layer by layer."""
+
+
+def _whole_call(module, args, kwargs):
+    require_whole(module, "this step")
+
+
+def require_whole(model: nn.Module, what: str) -> None:
+    """A clear ``LayerwiseUnsupported`` when ``model`` is read layer by layer and ``what`` needs it whole."""
+    if lazy_of(model) is not None:
+        raise LayerwiseUnsupported(
+            f"This {type(model).__name__} is read layer by layer from its checkpoint (layerwise), and {what} runs "
+            "the whole model at once, which the layer-wise path does not do: calibration statistics, fits and "
+            "perplexity (with KL and top-1) run layer by layer; for the rest, load the model without layerwise.")
+
+
+def lazy_of(model: nn.Module) -> LazyModel | None:
+    """The ``LazyModel`` that ``model`` (its skeleton or a view of it) reads its weights from, else None."""
+    return model.__dict__.get("ghosted_lazy") if isinstance(model, nn.Module) else None
 
 
 def _model_names(model: nn.Module, checkpoint: Checkpoint) -> dict[str, str]:

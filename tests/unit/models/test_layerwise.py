@@ -13,8 +13,7 @@ import math
 import pytest
 import torch
 
-from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
-from ghosted.calibration.layerwise import collect_stats_layerwise
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, collect_stats_layerwise
 from ghosted.data.windows import TokenWindows
 from ghosted.evaluation.layerwise import chunk_positions, layerwise_perplexities
 from ghosted.evaluation.shared_prefix import perplexities
