@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ghosted.models.architecture import num_layers
+from ghosted.models import memory_plan
+from ghosted.models.architecture import hidden_size, num_layers
 from ghosted.models.capture import tap
 from ghosted.models.layer_pass import LayerPass
 from ghosted.models.lazy import LazyModel, lazy_of
@@ -137,27 +138,44 @@ def collect_stats(model: nn.Module, windows, gaps: list[Gap], config: Calibratio
 def collect_stats_layerwise(lazy: LazyModel, windows, gaps: list[Gap], config: CalibrationConfig | None = None,
                             *, model: nn.Module | None = None, x_model: nn.Module | None = None,
                             sink_detector: SinkDetector | None = None, progress: Progress | None = None,
-                            label: str = "calibration (layer-wise)") -> dict[Gap, BoundaryStats]:
+                            label: str = "calibration (layer-wise)", budget: int | None = None
+                            ) -> dict[Gap, BoundaryStats]:
     """What ``collect_stats(model, windows, gaps, config, x_model=...)`` returns, for views of ``lazy.model``
-    (``model`` defaults to ``lazy.model`` itself); the pass stops after the deepest gap's end."""
+    (``model`` defaults to ``lazy.model`` itself); each pass stops after the deepest gap's end. When the
+    streams of every window exceed ``budget`` bytes (default: ``memory_plan.stream_budget``), the windows go
+    through in groups, each reading the layers again; the sums are the same, batch for batch."""
     cfg = config or CalibrationConfig()
     y_model = model if model is not None else lazy.model
     x_source = x_model if x_model is not None else y_model
     check_gaps(gaps, _index_map(y_model), _index_map(x_source), cfg.replaceme)
     batches = list(_batches(windows, cfg.batch_size))
-    x_at: dict[int, dict[int, object]] = {g.start: {} for g in gaps}  # start -> batch -> X (B, T, d)
-    m_at: dict[int, dict[int, object]] = {g.start - 1: {} for g in gaps if cfg.replaceme and g.start > 0}
+    ids = windows.input_ids
+    per_batch = memory_plan.batch_stream_bytes(min(cfg.batch_size, ids.size(0)), ids.size(1),
+                                               hidden_size(lazy.model), lazy.dtype, 2 + 2 * len(gaps))
     accumulators: dict[Gap, BoundaryAccumulator] = {}
+    runner = LayerPass(lazy)
+    for group in memory_plan.groups(len(batches), per_batch, budget or memory_plan.stream_budget(lazy.device)):
+        _layerwise_group(runner, {"x": x_source, "y": y_model}, [(i, batches[i]) for i in group], gaps, cfg,
+                         accumulators, sink_detector, progress, label)
+    return {gap: accumulators[gap].finalize() for gap in gaps}
+
+
+def _layerwise_group(runner: LayerPass, variants: dict[str, nn.Module], batches: list, gaps: list[Gap],
+                     cfg: CalibrationConfig, accumulators: dict, sink_detector, progress, label: str) -> None:
+    """One pass over the layers for ``batches`` ((global index, (ids, mask)) pairs), into ``accumulators``."""
+    x_at: dict[int, dict[int, torch.Tensor]] = {g.start: {} for g in gaps}  # start -> batch -> X (B, T, d)
+    m_at: dict[int, dict[int, torch.Tensor]] = {g.start - 1: {} for g in gaps if cfg.replaceme and g.start > 0}
     ends = sorted({g.end for g in gaps})
 
     def on_boundary(name: str, b: int, batch: int, hidden) -> None:
         if name == "x" and b in x_at:
             x_at[b][batch] = hidden
         if name == "y":
+            index, (_, mask) = batches[batch]
             for gap in (g for g in gaps if g.end == b):
                 m = m_at[gap.start - 1][batch] if gap.start - 1 in m_at else None
-                accumulate(accumulators, gap, (x_at[gap.start][batch], hidden, m), batches[batch][1],
-                           batch * cfg.batch_size, cfg, sink_detector)
+                accumulate(accumulators, gap, (x_at[gap.start][batch], hidden, m), mask, index * cfg.batch_size,
+                           cfg, sink_detector)
             if batch == len(batches) - 1:  # the last batch of this end: X no open gap needs is let go
                 for start in [s for s in x_at if all(g.end <= b for g in gaps if g.start == s)]:
                     x_at.pop(start)
@@ -165,11 +183,8 @@ def collect_stats_layerwise(lazy: LazyModel, windows, gaps: list[Gap], config: C
     def on_mlp(name: str, layer: int, batch: int, hidden) -> None:
         m_at[layer][batch] = hidden
 
-    variants = {"x": x_source, "y": y_model}
-    LayerPass(lazy).run(batches, variants, until=ends[-1], boundaries={"x": set(x_at), "y": set(ends)},
-                        on_boundary=on_boundary, mlp={"x": set(m_at)}, on_mlp=on_mlp, progress=progress,
-                        label=label)
-    return {gap: accumulators[gap].finalize() for gap in gaps}
+    runner.run([pair for _, pair in batches], variants, until=ends[-1], boundaries={"x": set(x_at), "y": set(ends)},
+               on_boundary=on_boundary, mlp={"x": set(m_at)}, on_mlp=on_mlp, progress=progress, label=label)
 
 
 def accumulate(accumulators: dict[Gap, BoundaryAccumulator], gap: Gap, streams, mask: torch.Tensor,

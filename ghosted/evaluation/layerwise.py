@@ -18,10 +18,12 @@ from torch import nn
 from ghosted.core.progress import Progress
 from ghosted.evaluation.perplexity import PerplexityResult, require_scored_tokens, scored_result
 from ghosted.evaluation.scores import Reference, WindowScores, score_logits, summarize
+from ghosted.models import memory_plan
+from ghosted.models.architecture import hidden_size
 from ghosted.models.lazy import LazyModel
 from ghosted.models.layer_pass import LayerPass, Tail
 
-LOGITS_BUDGET = 256 * 2**20  # bytes of float32 logits-sized tensors held at once while scoring a chunk
+LOGITS_BUDGET = 64 * 2**20  # bytes of float32 logits-sized tensors held at once while scoring a chunk
 _COPIES = 4  # logits, log-probabilities, the reference's probabilities and a temporary, per position
 
 
@@ -32,10 +34,13 @@ def chunk_positions(batch: int, vocab: int, budget: int = LOGITS_BUDGET) -> int:
 
 def layerwise_perplexities(lazy: LazyModel, models: dict[str, nn.Module], windows, batch_size: int = 4,
                            progress: Progress | None = None, reference: str | None = "dense",
-                           baselines=("none", "ghost"), budget: int = LOGITS_BUDGET) -> dict[str, PerplexityResult]:
+                           baselines=("none", "ghost"), budget: int = LOGITS_BUDGET,
+                           stream_budget: int | None = None) -> dict[str, PerplexityResult]:
     """What ``shared_prefix.perplexities(models, windows)`` returns, for views of ``lazy.model``, layer by layer.
 
-    Each result's ``seconds`` is an equal share of the pass (the variants run together).
+    ``budget``: bytes of logits-sized tensors per chunk; ``stream_budget``: bytes of streams per group of windows
+    (default ``memory_plan.stream_budget``; each group reads the layers again). Each result's ``seconds`` is an
+    equal share of the pass (the variants run together).
     """
     require_scored_tokens(windows, ", ".join(models))
     started = time.perf_counter()
@@ -44,8 +49,23 @@ def layerwise_perplexities(lazy: LazyModel, models: dict[str, nn.Module], window
     batches = [(ids[s:s + batch_size], None if mask is None else mask[s:s + batch_size])
                for s in range(0, ids.size(0), batch_size)]
     runner = LayerPass(lazy)
-    finals = runner.run(batches, order, progress=progress, label=f"layer-wise perplexity x{len(order)}")
+    per_batch = memory_plan.batch_stream_bytes(min(batch_size, ids.size(0)), ids.size(1), hidden_size(lazy.model),
+                                               lazy.dtype, len(order))
     parts: dict[str, list[WindowScores]] = {name: [] for name in order}
+    label = f"layer-wise perplexity x{len(order)}"
+    for group in memory_plan.groups(len(batches), per_batch, stream_budget or memory_plan.stream_budget(lazy.device)):
+        _score_group(runner, [batches[i] for i in group], order, reference, budget, parts, progress, label)
+    seconds = (time.perf_counter() - started) / len(order)
+    scores = {name: WindowScores.concat(parts[name]) for name in order}
+    summaries = summarize(scores, baselines)
+    return {name: scored_result(scores[name], seconds, models[name], windows, name, summaries[name],
+                                device=str(lazy.device)) for name in models}
+
+
+def _score_group(runner: LayerPass, batches: list, order: dict[str, nn.Module], reference: str | None, budget: int,
+                 parts: dict[str, list[WindowScores]], progress, label: str) -> None:
+    """One pass over the layers for ``batches``, then the head chunk by chunk; each batch's scores into ``parts``."""
+    finals = runner.run(batches, order, progress=progress, label=label)
     with runner.tail() as tail:
         for b, (batch_ids, batch_mask) in enumerate(batches):
             normed: dict[int, torch.Tensor] = {}
@@ -56,11 +76,6 @@ def layerwise_perplexities(lazy: LazyModel, models: dict[str, nn.Module], window
             streams = {name: normed[id(finals[name][b])] for name in order}
             for name, scores in chunked_scores(tail, streams, batch_ids, batch_mask, reference, budget).items():
                 parts[name].append(scores)
-    seconds = (time.perf_counter() - started) / len(order)
-    scores = {name: WindowScores.concat(parts[name]) for name in order}
-    summaries = summarize(scores, baselines)
-    return {name: scored_result(scores[name], seconds, models[name], windows, name, summaries[name],
-                                device=str(lazy.device)) for name in models}
 
 
 def chunked_scores(tail: Tail, normed: dict[str, torch.Tensor], ids: torch.Tensor, mask: torch.Tensor | None,

@@ -122,6 +122,7 @@ class LazyModel:
 
         self.folder = Path(folder)
         self.dtype, self.device = dtype, torch.device(device)
+        self.bytes_read = 0  # bytes ``resident`` has read from the checkpoint so far
         self.checkpoint = Checkpoint(self.folder)
         config = AutoConfig.from_pretrained(self.folder, trust_remote_code=trust_remote_code)
         with init_empty_weights(include_buffers=False):  # parameters on meta, buffers computed for real
@@ -176,6 +177,7 @@ class LazyModel:
         """Within the block, the parameters of ``modules`` hold real weights read from the checkpoint."""
         params = [p for p in _unique_params(modules) if p.is_meta]
         loaded = self.checkpoint.read([self._names[id(p)] for p in params], self.dtype, self.device)
+        self.bytes_read += sum(t.numel() * t.element_size() for t in loaded.values())
         swapped = []
         try:
             for param in params:

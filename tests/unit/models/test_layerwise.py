@@ -166,3 +166,38 @@ def test_folder_without_safetensors_says_what_to_do(tmp_path):
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="holds no .safetensors weights"):
         LazyModel(tmp_path)
+
+
+def test_windows_in_groups_give_the_same_numbers(tmp_path):
+    """A stream budget below one batch: every batch is its own group, reading the layers again."""
+    model = tiny_model("qwen2")
+    model.save_pretrained(tmp_path)
+    lazy = LazyModel(tmp_path)
+    cfg = CalibrationConfig(batch_size=2, reservoir_tokens=5)
+    want = collect_stats(model, _windows(), GAPS, cfg)
+    read_before = lazy.bytes_read
+    got = collect_stats_layerwise(lazy, _windows(), GAPS, cfg, budget=1)
+    one_pass = sum(lazy.layer_bytes(layer) for layer in layers_of(lazy.model))
+    assert lazy.bytes_read - read_before > 2 * one_pass  # three groups of windows, each read the layers
+    for gap in GAPS:
+        assert torch.equal(got[gap].xtd, want[gap].xtd) and torch.equal(got[gap].mtm, want[gap].mtm)
+        assert torch.equal(got[gap].replaceme_samples.target, want[gap].replaceme_samples.target)
+    views = {"dense": lazy.model, "none": prune(lazy.model, "2-3")}
+    grouped = layerwise_perplexities(lazy, views, _windows(), batch_size=2, stream_budget=1)
+    whole = layerwise_perplexities(lazy, views, _windows(), batch_size=2)
+    for name in views:
+        assert math.isclose(grouped[name].ppl, whole[name].ppl, rel_tol=FLOAT64_REL)
+        assert grouped[name].summary["kl"] == pytest.approx(whole[name].summary["kl"], rel=FLOAT64_REL, abs=1e-12)
+
+
+def test_memory_plan_reads_the_headers_only(sharded):
+    from ghosted.models import memory_plan
+
+    per_layer, outer, total = memory_plan.layer_sizes(sharded, 6)
+    lazy = LazyModel(sharded)
+    assert per_layer == [lazy.layer_bytes(layer) for layer in layers_of(lazy.model)]
+    assert outer == VOCAB * 32 * 4 and total == lazy.checkpoint.nbytes
+    plans = memory_plan.plan(sharded, 6, 32, [("perplexity x2", 8, 16, 2)], batch=2, dtype=torch.float32,
+                             budget=2 * memory_plan.batch_stream_bytes(2, 16, 32, torch.float32, 2), logits_bytes=0)
+    assert plans[0].groups == 2 and plans[0].bytes_read == 2 * total
+    assert "8 windows in 2 group(s)" in plans[0].line(100.0)
