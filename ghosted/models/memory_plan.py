@@ -60,8 +60,8 @@ class PassPlan:
 
     def line(self, read_mb_s: float | None) -> str:
         eta = f", reading ~{self.bytes_read / 1e6 / read_mb_s:,.0f} s at {read_mb_s:,.0f} MB/s" if read_mb_s else ""
-        return (f"{self.what}: {self.windows} windows in {self.groups} group(s), {self.bytes_read / 1e9:.2f} GB read, "
-                f"peak ~{self.peak_bytes / 2**30:.2f} GiB{eta}")
+        return (f"{self.what}: {self.windows} windows in {self.groups} group(s), up to "
+                f"{self.bytes_read / 1e9:.2f} GB read, peak ~{self.peak_bytes / 2**30:.2f} GiB{eta}")
 
 
 def layer_sizes(folder: str | Path, layers: int) -> tuple[list[int], int, int]:
@@ -97,3 +97,41 @@ def plan(folder: str | Path, layers: int, hidden: int, passes: list[tuple[str, i
         peak = int((max(per_layer, default=0) + outer) * scale) + held + logits_bytes
         out.append(PassPlan(what, windows, n_groups, int(total * scale) * n_groups, peak))
     return out
+
+
+def checkpoint_folder(source: str) -> tuple[Path | None, str]:
+    """(the local safetensors folder a layer-wise run of ``source`` reads, or None with the reason)."""
+    import os
+
+    from ghosted.models.assets import bundled_gguf_path, cache_dir, file_sha256
+    from ghosted.models.loading import source_kind
+
+    kind = source_kind(source)
+    if kind == "hub":
+        return None, (f"{source} is a hub id: its shards are downloaded on the first load, then read layer by "
+                      "layer; the plan needs their headers (download the folder and pass it to see it)")
+    if kind == "folder":
+        return Path(os.path.expanduser(source)), ""
+    gguf = bundled_gguf_path() if kind == "bundled" else Path(os.path.expanduser(source))
+    if gguf.is_dir():
+        gguf = sorted(gguf.glob("*.gguf"))[0]
+    folder = cache_dir() / "models" / file_sha256(gguf)[:16]
+    if (folder / "config.json").exists():
+        return folder, ""
+    return None, ("a GGUF's quantised blocks cannot be read one layer at a time: it is converted once to a "
+                  "safetensors folder (whole, in memory) on the first load, and that folder is read layer by layer")
+
+
+def describe(source: str, layers: int, hidden: int, passes: list[tuple[str, int, int, int]], batch: int,
+             dtype: torch.dtype, device: str, logits_bytes: int) -> list[str]:
+    """The memory plan's lines for ``--dry-run``: per pass, what it reads and holds (headers read only)."""
+    folder, why = checkpoint_folder(source)
+    if folder is None:
+        return [f"layer-wise memory plan: not available yet: {why}"]
+    budget = stream_budget(device)
+    per_layer, outer, total = layer_sizes(folder, layers)
+    lines = [f"layer-wise: {layers} layers of up to {max(per_layer, default=0) / 2**20:,.0f} MiB, embedding or head "
+             f"{outer / 2**20:,.0f} MiB, {total / 1e9:.2f} GB in all (as stored); streams budget "
+             f"{budget / 2**30:.1f} GiB (half the free memory of {device})"]
+    lines += ["  " + p.line(1000.0) for p in plan(folder, layers, hidden, passes, batch, dtype, budget, logits_bytes)]
+    return lines

@@ -56,3 +56,14 @@ def test_api_load_layerwise_evaluates_and_refuses_whole_model_steps_clearly(fold
     assert math.isclose(got.ppl, want.ppl, rel_tol=TINY_MODEL_TOL)
     with pytest.raises(LayerwiseUnsupported, match="read layer by layer .* generation runs the whole model"):
         ghosted.generate(lm, lm.tokenizer, ["w3 w4"], max_new_tokens=2)
+
+
+def test_dry_run_prints_the_layerwise_memory_plan(folder, capsys):
+    from ghosted.cli import main
+
+    main(["run", "--model", folder, "--drop", "2-3", "--methods", "dense,none,ghost", "--seq-len", "32",
+          "--eval-seq-len", "32", "--eval-tokens", "256", "--layerwise", "--dry-run"])
+    out = capsys.readouterr().out
+    assert "layer-wise: 6 layers of up to" in out
+    assert "calibration: 32 windows in 1 group(s)" in out and "perplexity x3: 8 windows" in out
+    assert "peak ~" in out and "at 1,000 MB/s" in out
