@@ -61,7 +61,11 @@ class Checkpoint:
                                       "--layerwise); pass the converted folder, or save the model with "
                                       "save_pretrained(safe_serialization=True).")
             return {f: None for f in files}
-        weight_map = read_json_file(index, "checkpoint index").get("weight_map")
+        try:
+            weight_map = read_json_file(index, "checkpoint index")
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{index} cannot be read ({err}). Download it again.") from None
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index} is damaged (no weight_map of tensor -> file). Download it again.")
         files: dict[Path, list[str]] = {}
@@ -149,7 +153,10 @@ class LazyModel:
             if not found:
                 raise CheckpointError(f"Tensor {options[0]!r} of this {type(self.model).__name__} is in no shard of "
                                       f"{self.folder}: the checkpoint is incomplete or of another architecture.")
-            file, shape, _ = self.checkpoint.entries[found[0]]
+            file, shape, dtype = self.checkpoint.entries[found[0]]
+            if tensors[key].is_floating_point() and dtype not in _SAFETENSORS_DTYPES:
+                raise CheckpointError(f"Tensor {found[0]!r} in {file} is stored as {dtype}, not as a floating-point "
+                                      "type: the file is damaged or not this model's. Download it again.")
             if shape != tuple(tensors[key].shape):
                 raise CheckpointError(f"Tensor {found[0]!r} in {file} has shape {list(shape)}, but the config asks "
                                       f"for {list(tensors[key].shape)}: the weights do not belong to this config.")

@@ -9,9 +9,14 @@ the whole model in memory.
 from __future__ import annotations
 
 import math
+import struct
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats, collect_stats_layerwise
 from ghosted.data.windows import TokenWindows
@@ -22,6 +27,7 @@ from ghosted.models.layer_pass import LayerPass
 from ghosted.models.lazy import CheckpointError, LazyModel
 from ghosted.models.pruning import prune
 from ghosted.recovery.solvers import ghost_operator
+from tests.properties import bounded_memory, examples
 from tests.tiny import FAMILIES, VOCAB, random_ids, tiny_model
 from tests.tolerance import FLOAT64_REL, TINY_MODEL_TOL
 
@@ -201,3 +207,74 @@ def test_memory_plan_reads_the_headers_only(sharded):
                              budget=2 * memory_plan.batch_stream_bytes(2, 16, 32, torch.float32, 2), logits_bytes=0)
     assert plans[0].groups == 2 and plans[0].bytes_read == 2 * total
     assert "8 windows in 2 group(s)" in plans[0].line(100.0)
+
+
+def test_bundled_model_layerwise_equals_whole(bundled):
+    """The bundled GGUF is read through its converted safetensors folder (converted once, whole)."""
+    from ghosted.data.windows import calibration_windows
+
+    lazy = LazyModel(bundled.extra["location"])
+    windows = calibration_windows(bundled.tokenizer, "bundled:news", 4, 64, 0)
+    gap = Gap(20, 27)
+    cfg = CalibrationConfig(batch_size=2, replaceme=False, reservoir_tokens=0)
+    want = collect_stats(bundled.model, windows, [gap], cfg)[gap]
+    got = collect_stats_layerwise(lazy, windows, [gap], cfg)[gap]
+    assert torch.equal(got.xtx, want.xtx) and torch.equal(got.xtd, want.xtd)  # same process, same ops: same bits
+    dense = perplexities({"dense": bundled.model, "none": prune(bundled.model, "20-26")}, windows, batch_size=2)
+    layerwise = layerwise_perplexities(lazy, {"dense": lazy.model, "none": prune(lazy.model, "20-26")}, windows,
+                                       batch_size=2)
+    for name in dense:
+        assert math.isclose(layerwise[name].ppl, dense[name].ppl, rel_tol=1e-4)
+
+
+def _mutated_copy(source, tmp, data):
+    """A copy of the sharded checkpoint ``source`` with one shard's bytes or the index changed by ``data``."""
+    import json
+    import shutil
+
+    folder = Path(tmp) / "ckpt"
+    shutil.copytree(source, folder)
+    shards = sorted(folder.glob("*.safetensors"))
+    what = data.draw(st.sampled_from(["truncate", "bytes", "index"]))
+    if what == "index":
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        name = data.draw(st.sampled_from(sorted(index["weight_map"])))
+        index["weight_map"][name] = data.draw(st.one_of(
+            st.sampled_from(["../outside.safetensors", "/etc/hostname", "", ".", "missing.safetensors",
+                             shards[0].name]), st.text(max_size=12), st.integers(), st.none()))
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        return folder
+    shard = data.draw(st.sampled_from(shards))
+    raw = bytearray(shard.read_bytes())
+    if what == "truncate":
+        shard.write_bytes(bytes(raw[:data.draw(st.integers(0, len(raw) - 1))]))
+    else:  # a run of bytes anywhere in the header (its JSON) or the first bytes of data
+        (n,) = struct.unpack("<Q", bytes(raw[:8]))
+        start = data.draw(st.integers(0, min(len(raw) - 1, 8 + n + 16)))
+        patch = data.draw(st.binary(min_size=1, max_size=8))
+        raw[start:start + len(patch)] = patch
+        shard.write_bytes(bytes(raw))
+    return folder
+
+
+@examples("layerwise_checkpoint_mutated")
+@given(st.data())
+def test_a_damaged_checkpoint_is_read_or_refused_with_one_line(sharded_once, data):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _mutated_copy(sharded_once, tmp, data)
+        with bounded_memory():
+            try:
+                lazy = LazyModel(folder)
+            except CheckpointError as err:
+                assert "\n" not in str(err) and str(err)
+                return
+        windows = _windows(n=2)
+        got = collect_stats_layerwise(lazy, windows, GAPS[:1], CalibrationConfig(batch_size=2))
+        assert got[GAPS[0]].n_tokens == int(windows.attention_mask.sum())  # what was accepted is read whole
+
+
+@pytest.fixture(scope="module")
+def sharded_once(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sharded")
+    tiny_model("llama").save_pretrained(folder, max_shard_size="20KB")
+    return folder
