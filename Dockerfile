@@ -26,6 +26,7 @@ COPY --chown=user scripts/install.sh scripts/install.sh
 RUN PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/install.sh
 
 COPY --chown=user . .
+RUN bash scripts/install.sh  # again, now with the code: installs ghosted itself (the rest is there)
 
 # Public-demo limits (ghosted/service/deploy.py), no network at run time, two CPU threads for 2 vCPU.
 ENV GHOSTED_DEMO=1 \

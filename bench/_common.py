@@ -34,15 +34,6 @@ RESULTS = ROOT / "docs" / "results"  # committed results files, one per generate
 SECTION_DOCS = {"bench": REPORT, "curve": REPRODUCTION}  # kind of section -> the document that holds it
 
 
-def ensure_path() -> None:
-    """Let ``python bench/NAME.py`` import ``ghosted`` and ``bench`` like ``python -m bench.NAME``."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 def machine() -> str:
     """One line: CPU model, cores, torch threads, versions (what a reader needs to compare)."""
     import torch
@@ -116,7 +107,6 @@ _MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "13
 
 
 def _child(job, args, conn) -> None:
-    ensure_path()
     conn.send(job(*args))
     conn.close()
 

@@ -10,12 +10,7 @@ import importlib
 import sys
 import time
 
-if __package__ in (None, ""):
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ORDER  # noqa: E402  (docs/BENCHMARKS.md order)
+from bench._common import ORDER  # docs/BENCHMARKS.md order
 
 LATER = ("stats_cache", "vs_official_layers")  # sections written after ORDER's
 BENCHMARKS = [*ORDER, *[name for name in LATER if name not in ORDER]]

@@ -20,19 +20,11 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import in_child, load_bundled, measured, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ensure_path, in_child, load_bundled, measured, table, write_section
-
-ensure_path()
-
-from bench.reference_official import official_ghost_operator  # noqa: E402
-from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.data.windows import calibration_windows  # noqa: E402
+from bench.reference_official import official_ghost_operator
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.data.windows import calibration_windows
 
 GAP = Gap(20, 27)
 SIZES = (1, 4, 16)  # multiples of the base calibration size

@@ -16,21 +16,13 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import load_bundled, median, ratio, round_robin, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, table, write_section
-
-ensure_path()
-
-import torch  # noqa: E402
-
-from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.models.capture import tap  # noqa: E402
-from ghosted.data.windows import calibration_windows  # noqa: E402
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.models.capture import tap
+from ghosted.data.windows import calibration_windows
 
 GHOST_ONLY = CalibrationConfig(replaceme=False, linearpatch=False, reservoir_tokens=0)  # XᵀX, XᵀΔ only
 

@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import load_bundled, median, ratio, round_robin, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, table, write_section
-
-ensure_path()
-
-from bench.calibration_speed import whole_model  # noqa: E402
-from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.data.windows import calibration_windows  # noqa: E402
+from bench.calibration_speed import whole_model
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.data.windows import calibration_windows
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -11,7 +11,7 @@ Where each block comes from:
 - ``bench:NAME`` (docs/BENCHMARKS.md), ``curve:NAME`` (docs/REPRODUCTION.md): ``docs/results/bench/NAME.json``,
   ``docs/results/curve/NAME.json``, written by ``python -m bench.NAME``;
 - ``grid:table`` and the ``grid:*`` sentences (README, docs/REPRODUCTION.md): ``docs/results/grid.json``,
-  written by ``python -m bench.grid``;
+  written by ``python -m bench.grid``, read and rendered by ``bench.grid_results``;
 - ``run:*`` (README, docs/REPRODUCTION.md): a ``python -m ghosted run --out`` results file in
   ``docs/results/runs/``, rendered by ``bench.run_tables``;
 - ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``.
@@ -26,14 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._common import RESULTS, ROOT, SECTION_DOCS, render_section
 
-from bench._common import RESULTS, ROOT, SECTION_DOCS, ensure_path, render_section
-
-ensure_path()
-
-from ghosted.core.docblocks import markers, read_block, write_block  # noqa: E402
+from ghosted.core.docblocks import markers, read_block, write_block
 
 README = ROOT / "README.md"
 REPRODUCTION = ROOT / "docs" / "REPRODUCTION.md"
@@ -62,10 +57,10 @@ def _section(kind: str, path: Path) -> Block:
 
 def _grid(name: str, doc: Path, fact: str) -> Block:
     def render() -> str:
-        from bench import grid, grid_facts
+        from bench import grid_facts, grid_results
 
-        result = grid.read_results()
-        return grid.block(result) if fact == "block" else getattr(grid_facts, fact)(result.frame)
+        result = grid_results.read_results()
+        return grid_results.block(result) if fact == "block" else getattr(grid_facts, fact)(result.frame)
 
     return Block(doc, name, "docs/results/grid.json", render)
 

@@ -18,18 +18,10 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import load_bundled, median, ratio, round_robin, session_fit, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, session_fit, table, write_section
-
-ensure_path()
-
-from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
-from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows
+from ghosted.evaluation.shared_prefix import perplexities
 
 METHODS = ["none", "ghost", "ghost-robust", "replaceme-ls", "linearpatch-diag"]
 TARGET = 1.10  # the bound: the metrics cost at most 10 % over plain evaluation

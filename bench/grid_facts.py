@@ -1,6 +1,6 @@
 """The sentences of README.md and docs/REPRODUCTION.md that quote the reproduction grid, computed from it.
 
-Each function takes the committed grid (``docs/results/grid.json``, read by ``bench.grid.read_results``) and
+Each function takes the committed grid (``docs/results/grid.json``, read by ``bench.grid_results.read_results``) and
 returns Markdown; ``bench.docs`` writes it between the document's markers. A claim is worded from the
 numbers ("never worse" only when no cell is worse), so a rerun that changes them changes the words too.
 """

@@ -37,15 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ROOT, machine, today  # noqa: E402
-from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores  # noqa: E402
-from bench.load_usage import Usage, tree_rss_mib, wait_quiet  # noqa: E402
-from bench.load_logs import answer_times, busy_page_runs, job_lines, job_summary, quantile, told  # noqa: E402
-from bench.load_report import RESULTS, cell_name, load_results, write_report  # noqa: E402
-from tests.e2e.conftest import _free_port, _wait_healthy, stop  # noqa: E402  (the browser tests' server)
+from bench._common import ROOT, machine, today
+from bench.load_browsers import cpu_group, low_priority_browser, remove_group, split_cores
+from bench.load_usage import Usage, tree_rss_mib, wait_quiet
+from bench.load_logs import answer_times, busy_page_runs, job_lines, job_summary, quantile, told
+from bench.load_report import RESULTS, cell_name, load_results, write_report
+from tests.e2e.conftest import _free_port, _wait_healthy, stop  # the browser tests' server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

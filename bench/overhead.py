@@ -12,20 +12,12 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import load_bundled, median, ratio, round_robin, session_fit, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, session_fit, table, write_section
-
-ensure_path()
-
-import torch  # noqa: E402
-
-from ghosted.operators.sites import operators_of  # noqa: E402
-from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.operators.sites import operators_of
+from ghosted.data.windows import calibration_windows, evaluation_windows
 
 
 def forward(model, ids: torch.Tensor):

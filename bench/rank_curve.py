@@ -19,18 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    import sys
+from bench._common import load_bundled, session_fit, table, write_reproduction_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ensure_path, load_bundled, session_fit, table, write_reproduction_section
-
-ensure_path()
-
-from ghosted.data.windows import calibration_windows, evaluation_windows, split_calibration  # noqa: E402
-from ghosted.evaluation.shared_prefix import perplexities  # noqa: E402
-from ghosted.calibration.cache import StatsCache  # noqa: E402
+from ghosted.data.windows import calibration_windows, evaluation_windows, split_calibration
+from ghosted.evaluation.shared_prefix import perplexities
+from ghosted.calibration.cache import StatsCache
 
 
 def curve_ranks(dim: int) -> list[int]:

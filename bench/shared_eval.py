@@ -13,19 +13,11 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import load_bundled, median, ratio, round_robin, session_fit, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ensure_path, load_bundled, median, ratio, round_robin, session_fit, table, write_section
-
-ensure_path()
-
-from ghosted.models.architecture import head_of, layer_param_count, num_layers  # noqa: E402
-from ghosted.evaluation.shared_prefix import perplexities, shared_prefix_length  # noqa: E402
-from ghosted.data.windows import calibration_windows, evaluation_windows  # noqa: E402
+from ghosted.models.architecture import head_of, layer_param_count, num_layers
+from ghosted.evaluation.shared_prefix import perplexities, shared_prefix_length
+from ghosted.data.windows import calibration_windows, evaluation_windows
 
 METHODS = ["none", "ghost", "replaceme-ls", "linearpatch-diag", "linearpatch-rotate"]
 

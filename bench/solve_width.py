@@ -14,19 +14,11 @@ from __future__ import annotations
 import argparse
 from types import SimpleNamespace
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import median, ratio, round_robin, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-from bench._common import ensure_path, median, ratio, round_robin, table, write_section
-
-ensure_path()
-
-import torch  # noqa: E402
-
-from ghosted.recovery.solvers import ghost_operator  # noqa: E402
+from ghosted.recovery.solvers import ghost_operator
 
 
 def synthetic_stats(d: int, seed: int = 0) -> SimpleNamespace:

@@ -17,19 +17,12 @@ import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    import sys
+from bench._common import load_bundled, median, session_fit, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-from bench._common import ensure_path, load_bundled, median, session_fit, table, write_section
-
-ensure_path()
-
-import torch  # noqa: E402
-
-from ghosted.data.windows import calibration_windows, split_calibration  # noqa: E402
-from ghosted.calibration.cache import StatsCache  # noqa: E402
+from ghosted.data.windows import calibration_windows, split_calibration
+from ghosted.calibration.cache import StatsCache
 
 METHODS = ["none", "ghost"]
 

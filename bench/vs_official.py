@@ -15,22 +15,14 @@ from __future__ import annotations
 
 import argparse
 
-if __package__ in (None, ""):
-    import sys
-    from pathlib import Path
+from bench._common import in_child, load_bundled, measured, median, table, write_section
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-from bench._common import ensure_path, in_child, load_bundled, measured, median, table, write_section
-
-ensure_path()
-
-import torch  # noqa: E402
-
-from bench.reference_official import official_ghost_operator, stack_bytes  # noqa: E402
-from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats  # noqa: E402
-from ghosted.recovery.solvers import ghost_operator  # noqa: E402
-from ghosted.data.windows import calibration_windows  # noqa: E402
+from bench.reference_official import official_ghost_operator, stack_bytes
+from ghosted.calibration.collect import CalibrationConfig, Gap, collect_stats
+from ghosted.recovery.solvers import ghost_operator
+from ghosted.data.windows import calibration_windows
 
 GAP = Gap(20, 27)
 OFFICIAL = "official approach"

@@ -19,6 +19,7 @@ names of their own (``ghosted.calibration.collect``, ``ghosted.selection.criteri
 
 from __future__ import annotations
 
+import os
 
 from ghosted.core.guards import IllConditionedFitWarning, NonFiniteError  # light: no torch import
 from ghosted.core.version import __version__  # a constant: no import of any weight
@@ -92,13 +93,15 @@ def influence(model, windows, heldout=None, progress=None, **config):
         >>> report = ghosted.influence(lm, calib, n_values=[7])
         >>> report.matrix("recoverability")                      # start × n, lower is better
     """
-    from ghosted.selection.criteria import CRITERIA, SINGLE_PASS, InfluenceConfig
-    from ghosted.selection.criteria import influence as score_layers
+    from ghosted.experiments.session import CalibrationWindows, Session
+    from ghosted.selection.criteria import CRITERIA, SINGLE_PASS
 
     if heldout is None and "metrics" not in config:
         config["metrics"] = [m for m in SINGLE_PASS if CRITERIA[m].cost != "heldout"]
     _check_influence_config(_model_of(model), windows, config)
-    return score_layers(_model_of(model), windows, InfluenceConfig(**config), heldout=heldout, progress=progress)
+    session = Session(_spec_of({"cache": False}), _as_loaded(model), progress,
+                      windows=CalibrationWindows(windows, heldout))
+    return session.influence(**config)
 
 
 def _check_influence_config(model, windows, config: dict) -> None:
@@ -180,7 +183,8 @@ def fit(model, drop, windows=None, methods=("ghost-auto",), heldout=None, progre
     from ghosted.recovery.methods import needing_heldout
 
     methods = validate.check_methods(methods)
-    spec = _spec_of({"cache": False, **settings}, methods=methods)  # the API saves no statistics unasked
+    made = _model_settings(model)  # so that the spec a save writes names the model it was fitted on
+    spec = _spec_of({"cache": False, **made, **settings}, methods=methods)  # the API saves no statistics unasked
     validate.check_drop(drop, validate.facts_of_model(_model_of(model)).layers)  # before any forward pass
     _check_fit_settings(settings)
     given = None
@@ -204,6 +208,14 @@ def _spec_of(settings: dict, base=None, **fixed):
     from ghosted.experiments.spec import ExperimentSpec
 
     return (base or ExperimentSpec()).with_options(**settings, **fixed)
+
+
+def _model_settings(model) -> dict:
+    """The spec's model settings for a ``LoadedModel`` loaded from a source (its source and precision); none
+    for a bare model, which no spec loads again."""
+    if not _is_loaded(model) or model.kind == "module":
+        return {}
+    return {"model": model.source, "dtype": model.dtype}
 
 
 def _as_loaded(model):
@@ -280,24 +292,38 @@ def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384
         PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
     """
     from ghosted.experiments import validate
-    from ghosted.evaluation.perplexity import perplexity
-    from ghosted.data.windows import evaluation_windows
+    from ghosted.experiments.session import Session
 
     data = model if data is None else data
-    windows = data
     validate.check_count("batch_size", batch_size, 1, validate.MAX_BATCH)
-    if not hasattr(data, "input_ids"):
+    windows = data if hasattr(data, "input_ids") else None
+    texts = {}  # a text given as itself (a TextSource), not by name: the session reads it as given
+    if windows is None:
         validate.check_eval_size(tokens, seq_len, "tokens", "seq_len")
         validate.check_source(source, "evaluation")
-        windows = evaluation_windows(_tokenizer_of(data), source, tokens, seq_len, calibration_source)
+        texts = {key: text for key, text in (("evaluation_text", source), ("calibration_text", calibration_source))
+                 if text is not None and not isinstance(text, (str, os.PathLike))}
+    names = {"eval": _text_name(source), "eval_tokens": tokens, "eval_seq_len": seq_len, "batch_size": batch_size,
+             "calib": _text_name(source if calibration_source is None else calibration_source), "cache": False}
+    session = Session(_spec_of(names), _with_tokenizer(model, data), progress, **texts)
+    if windows is None:
+        windows = next(iter(session.evaluation().texts.values()))
     _check_windows(_model_of(model), windows)
-    from ghosted.models.lazy import lazy_of
+    return session.perplexity(_model_of(model), windows)
 
-    if lazy_of(_model_of(model)) is not None:  # read layer by layer (``load(..., layerwise=True)``)
-        from ghosted.evaluation.shared_prefix import perplexities
 
-        return perplexities({"model": _model_of(model)}, windows, batch_size=batch_size, progress=progress)["model"]
-    return perplexity(_model_of(model), windows, batch_size=batch_size, progress=progress)
+def _text_name(text) -> str:
+    """A text's name in a spec: the name itself, a path as a string, a ``TextSource`` by its name."""
+    return os.fspath(text) if isinstance(text, (str, os.PathLike)) else str(getattr(text, "name", "text"))
+
+
+def _with_tokenizer(model, data):
+    """``model`` as a ``LoadedModel`` whose tokenizer is ``data``'s (a tokenizer or a ``LoadedModel``)."""
+    from dataclasses import replace
+
+    loaded = _as_loaded(model)
+    tokenizer = _tokenizer_of(data) if not hasattr(data, "input_ids") else loaded.tokenizer
+    return loaded if tokenizer is loaded.tokenizer else replace(loaded, tokenizer=tokenizer)
 
 
 def generate(model, tokenizer, prompts, **overrides):

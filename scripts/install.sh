@@ -18,6 +18,11 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # The test suite also runs the optional extra: zero-shot accuracy through lm-evaluation-harness.
 if [ "${1:-}" = "--test" ]; then "${PIP[@]}" install -r requirements-eval.txt; fi
 
+# Ghosted itself, editable: `import ghosted` and the `ghosted` command work from any folder, and the
+# code stays the checkout's. The Dockerfile runs this script once before the code is copied in (a layer
+# cached while only the code changes) and once after; the first time there is nothing to install yet.
+if [ -f pyproject.toml ]; then "${PIP[@]}" install --no-deps -e .; fi
+
 if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null; then
   if [ "$(id -u)" = 0 ]; then SUDO=(); else SUDO=(sudo); fi
   "${SUDO[@]}" apt-get update -qq

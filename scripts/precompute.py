@@ -5,11 +5,8 @@
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, without installing
-
-from ghosted.service.precompute import main  # noqa: E402
+from ghosted.service.precompute import main  # scripts/install.sh installed the checkout
 
 if __name__ == "__main__":
     sys.exit(main())

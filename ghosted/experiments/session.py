@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import pandas as pd
+import torch
 from torch import nn
 
 from ghosted.calibration.cache import resolve_cache
@@ -39,6 +40,7 @@ from ghosted.evaluation.shared_prefix import perplexities
 from ghosted.experiments.evaluation_table import (EvaluationRow, EvaluationTable,  # noqa: F401 (read here too)
                                                  evaluation_row)
 from ghosted.experiments.spec import ExperimentSpec
+from ghosted.models.lazy import lazy_of
 from ghosted.models.loading import LoadedModel
 from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.recovery import methods as registry
@@ -100,10 +102,11 @@ class Session:
     """
 
     def __init__(self, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
-                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None):
+                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None,
+                 offload_folder: str | None = None):
         self.spec = spec
         self.progress = progress
-        self.lm = loaded if loaded is not None else load_spec_model(spec)
+        self.lm = loaded if loaded is not None else load_spec_model(spec, offload_folder)
         self.cache = resolve_cache(spec.calibration.cache)  # this session's: ``written``, ``failure`` say what it saved
         self._calibration_text = calibration_text
         self._evaluation_text = evaluation_text
@@ -114,8 +117,9 @@ class Session:
     @classmethod
     def open(cls, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
              **options) -> Session:
-        """A session on ``spec`` after every check: the settings before loading, the layers and
-        positions against the model before any forward pass."""
+        """A session on ``spec`` after every check, each made once: the settings before the model is loaded
+        (``validate.check_run``), the layers and positions against the model before any forward pass. The
+        door of a whole experiment (``run_experiment``, ``run_seeds``, ``python -m ghosted run``)."""
         from ghosted.experiments import validate
 
         validate.check_run(spec)
@@ -191,8 +195,9 @@ class Session:
                       progress=self.progress, cache=self.cache)
         refs = registry.with_role(self.spec.methods if methods is None else methods, registry.REFERENCE)
         spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])
-        run.spec = spec.to_dict() if self._drawn else None  # windows given by hand: no spec redraws them
-        return FittedRun(spec, choice.layers, run, choice.selection)
+        drawn = spec if self._drawn else _spec_drawing(spec, windows, self.lm.tokenizer)  # None: none draws them
+        run.spec = drawn.to_dict() if drawn is not None else None
+        return FittedRun(drawn or spec, choice.layers, run, choice.selection)
 
     # ------------------------------------------------------------------------------ evaluation
     def models(self, fitted: FittedRun | None = None, reference: bool = True) -> dict[str, nn.Module]:
@@ -214,14 +219,29 @@ class Session:
         for text, windows in evaluation.texts.items():
             if on is not None and text != on:
                 continue
-            if len(models) == 1 and not self.lm.extra.get("layerwise"):  # nothing to share: the plain pass
+            if len(models) == 1:  # nothing to share: the plain pass, labelled by its method
                 (name, model), = models.items()
-                scored = {name: perplexity(model, windows, batch_size=batch, progress=self.progress, label=name)}
+                scored = {name: self._perplexity(model, windows, name)}
             else:
                 scored = perplexities(models, windows, batch_size=batch, progress=self.progress)
             rows += [evaluation_row(name, text, scored[name], model, recovery, errors)
                      for name, model in models.items()]
         return EvaluationTable(rows, evaluation.protocol)
+
+    def perplexity(self, model: nn.Module | None = None, windows: TokenWindows | None = None):
+        """Perplexity of ``model`` (default: the loaded one) as a ``PerplexityResult``, on ``windows``
+        (default: the spec's evaluation text, as ``evaluation`` draws it)."""
+        if windows is None:
+            windows = next(iter(self.evaluation().texts.values()))
+        return self._perplexity(self.lm.model if model is None else model, windows)
+
+    def _perplexity(self, model: nn.Module, windows: TokenWindows, label: str = "perplexity"):
+        """One model's plain pass; layer by layer (the head in chunks) when it is read from its checkpoint."""
+        batch = self.spec.calibration.batch_size
+        if lazy_of(model) is not None:
+            scored = perplexities({label: model}, windows, batch_size=batch, progress=self.progress, reference=None)
+            return scored[label]
+        return perplexity(model, windows, batch_size=batch, progress=self.progress, label=label)
 
     def unevaluated(self, fitted: FittedRun | None, reference: bool = True) -> EvaluationTable:
         """The rows of ``fitted``'s models without perplexity (a run stopped before it evaluated)."""
@@ -316,3 +336,23 @@ def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress, calibr
     say = lines(progress) if texts else None
     windows, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
     return EvaluationWindows(windows, describe_protocol(protocol, skipped))
+
+
+def _spec_drawing(spec: ExperimentSpec, windows: CalibrationWindows, tokenizer) -> ExperimentSpec | None:
+    """``spec`` with the calibration that draws ``windows`` again, or None when no spec can.
+
+    Windows of ``ghosted.calibrate`` (random windows of a named text, nothing held out) are drawn again
+    by a spec with that text, count, length and seed and no held-out windows: the spec is kept only when its
+    draw gives those very windows (the text's tokens are cached, so the check costs no tokenisation). Held-out
+    windows given beside them, or windows of an in-memory text, came from draws a spec does not make.
+    """
+    made = windows.fit.protocol
+    if windows.heldout is not None or made.get("sampling") != "random windows" or tokenizer is None:
+        return None
+    try:
+        again = spec.with_options(calib=made["source"], calib_seqs=int(made["n_windows"]),
+                                  seq_len=int(made["seq_len"]), heldout_seqs=0, seed=int(made["seed"]))
+        drawn, _ = again.calibration.windows(tokenizer)
+    except (KeyError, TypeError, ValueError, OSError):  # not a text a spec can name, or no longer readable
+        return None
+    return again if torch.equal(drawn.input_ids, windows.fit.input_ids) else None

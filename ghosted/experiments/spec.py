@@ -382,6 +382,7 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     """The spec held by a results JSON (``run --out``), a ``ghosted_recipe.json``, the app's recipe, or a
     saved model folder (its recipe)."""
     from ghosted.models.loading import RECIPE_FILE
+    from ghosted.operators.checkpoint import NO_SPEC
 
     file = Path(path)
     if file.is_dir():
@@ -392,9 +393,10 @@ def load_spec(path: str | Path) -> ExperimentSpec:
     data = read_json_file(file, "recipe")  # a regular file of bounded size, read once
     spec = data.get("spec") if isinstance(data, dict) else None
     if spec is None:
-        raise ValueError(f"{file} holds no experiment spec: it was written by an older Ghosted, before results "
-                         "and recipes recorded the spec. Rerun it with flags (its \"config\" or \"settings\" say "
-                         "which); loading a model saved with it still works.")
+        key = data.get("no_spec") if isinstance(data, dict) else None  # untrusted: only a known key is read
+        why = NO_SPEC.get(key, NO_SPEC["older"]) if isinstance(key, str) else NO_SPEC["older"]
+        raise ValueError(f"{file} holds no experiment spec: {why}. Rerun it with flags (its \"config\" or "
+                         "\"settings\" say which); loading a model saved with it still works.")
     try:
         return ExperimentSpec.from_dict(spec)
     except (TypeError, ValueError) as err:  # the same kind, naming the file

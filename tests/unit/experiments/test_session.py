@@ -118,3 +118,45 @@ def test_nothing_in_the_library_filters_methods_by_name():
     found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p != candidates
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
     assert found == []
+
+
+def test_a_fit_on_calibrated_windows_saves_a_spec_that_draws_them_again(tmp_path):
+    import ghosted
+    from ghosted.experiments.session import Session
+    from ghosted.experiments.spec import load_spec
+
+    lm = tiny_loaded(6)
+    calib = ghosted.calibrate(lm, "bundled:news", n_seqs=3, seq_len=24, seed=5)
+    run = ghosted.fit(lm, "2-3", calib, methods=["ghost"])
+    ghosted.save(run.results["ghost"].model, tmp_path / "fitted", recipe=run)
+    spec = load_spec(tmp_path / "fitted")
+    assert (spec.model.source, spec.layers.drop, spec.methods) == ("tiny", "2-3", ["ghost"])
+    assert (spec.calibration.count, spec.calibration.length, spec.calibration.heldout, spec.calibration.seed) == \
+        (3, 24, 0, 5)
+    again = Session(spec, lm).calibration()
+    assert again.heldout is None and again.fit.input_ids.equal(calib.input_ids)  # the very windows it was fitted on
+    rerun = Session(spec, lm).fit()
+    assert rerun.recovery.results["ghost"].fits.keys() == run.results["ghost"].fits.keys()
+
+
+def test_a_recipe_without_a_spec_says_what_it_lacks(tmp_path):
+    import json
+
+    import ghosted
+    from ghosted.experiments.spec import load_spec
+    from ghosted.operators.checkpoint import NO_SPEC
+
+    lm = tiny_loaded(6)
+    fit, held = ghosted.calibrate(lm, n_seqs=3, seq_len=24), ghosted.calibrate(lm, n_seqs=2, seq_len=24, seed=9)
+    run = ghosted.fit(lm, "2-3", fit, methods=["ghost"], heldout=held)  # two draws: no spec makes them
+    ghosted.save(run.results["ghost"].model, tmp_path / "two-draws", recipe=run)
+    with pytest.raises(ValueError, match="no spec draws again"):
+        load_spec(tmp_path / "two-draws")
+    ghosted.save(run.results["ghost"].model, tmp_path / "no-run")
+    with pytest.raises(ValueError, match="without the run that made it"):
+        load_spec(tmp_path / "no-run")
+    recipe = tmp_path / "no-run" / "ghosted_recipe.json"
+    for unknown in (["windows"], "something else", 7):  # a file's own words are never repeated
+        recipe.write_text(json.dumps({**json.loads(recipe.read_text()), "no_spec": unknown}))
+        with pytest.raises(ValueError, match=NO_SPEC["older"]):
+            load_spec(recipe)

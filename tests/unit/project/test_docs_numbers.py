@@ -60,7 +60,7 @@ def test_check_reports_a_hand_edited_block(tmp_path, monkeypatch):
 def test_a_grid_written_before_the_drop_notation_is_read_in_it():
     """Committed grids name ghost-auto's gaps `start-end` with `end` excluded; read, they are in the drop
     notation, and a grid already in it is kept as it is."""
-    from bench.grid import drop_notation
+    from bench.grid_results import drop_notation
 
     assert drop_notation("12-19: paper", "12-18") == "12-18: paper"
     assert drop_notation("12-13: paper, 13-14: none, 28-29: robust", "12-13,28") == "12: paper, 13: none, 28: robust"
