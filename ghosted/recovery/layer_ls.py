@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ghosted.calibration.collect import Gap, gap_text
+from ghosted.core.progress import Progress, counted
 from ghosted.models.architecture import get_path, layers_of, spec_for
 from ghosted.models.capture import tap
 from ghosted.operators.assembly import assemble
@@ -76,7 +77,7 @@ def check_layers(model: nn.Module) -> nn.Linear:
 
 @torch.no_grad()
 def layer_moments(dense: nn.Module, patched: nn.Module, position: int, windows, gap: Gap, layer: nn.Module,
-                  apply, batch_size: int) -> LayerMoments:
+                  apply, batch_size: int, progress: Progress | None = None, label: str = "") -> LayerMoments:
     """The moments of ``layer`` (a copy run by ``apply``) on ``windows``: x is the stream entering position
     ``position`` of ``patched`` (the model patched upstream), y the dense stream entering ``gap.end``."""
     spec = spec_for(dense)
@@ -96,7 +97,7 @@ def layer_moments(dense: nn.Module, patched: nn.Module, position: int, windows, 
     tokens = 0
     try:
         with tap(dense, boundaries=[gap.end]) as target, tap(patched, boundaries=[position]) as source:
-            for start in range(0, ids.size(0), batch_size):
+            for start in counted(range(0, ids.size(0), batch_size), progress, label or f"layer-ls: block {gap}"):
                 batch, mask = ids[start:start + batch_size], masks[start:start + batch_size]
                 y = target.run(batch, mask).resid[gap.end].to(device, torch.float64)  # (B, T, d)
                 x = source.run(batch, mask).resid[position]  # (B, T, d)
@@ -152,8 +153,10 @@ def solve_layers(ctx) -> tuple[dict[Gap, nn.Module], list[dict]]:
         patched = with_layers(ctx.model, upstream, dict(solved)) if solved else ctx.model
         position = list(patched.ghosted_layers).index(gap.start)
         with layer_copy(ctx.model, gap.start) as (layer, apply):
-            fit = layer_moments(ctx.model, patched, position, ctx.calib_windows, gap, layer, apply, batch)
-            held = layer_moments(ctx.model, patched, position, ctx.heldout_windows, gap, layer, apply, batch)
+            fit = layer_moments(ctx.model, patched, position, ctx.calib_windows, gap, layer, apply, batch,
+                                ctx.progress, f"layer-ls: moments of block {gap}")
+            held = layer_moments(ctx.model, patched, position, ctx.heldout_windows, gap, layer, apply, batch,
+                                 ctx.progress, f"layer-ls: held-out moments of block {gap}")
         down = get_path(layer, spec.mlp_out_linear)
         a, details = solve_projection(fit, held, down.weight.T.double())
         with torch.no_grad():
@@ -164,41 +167,64 @@ def solve_layers(ctx) -> tuple[dict[Gap, nn.Module], list[dict]]:
     return solved, rows
 
 
+@dataclass
+class Verdict:
+    """The solved layers against another fit of the same cut, on the held-out windows."""
+
+    model: nn.Module  # the pruned model with the solved layers in place
+    layers: dict  # Gap -> its solved layer
+    rows: list[dict]  # per block: the ridge chosen and the boundary errors
+    better: bool  # the solved layers predict the held-out windows significantly better
+    text: str  # the comparison in words, for the choices and the notes
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for layer in self.layers.values() for p in layer.parameters())
+
+
+def against(ctx, other: nn.Module, label: str) -> Verdict:
+    """Solve every block's layer and compare the result with ``other`` (called ``label``) by next-token NLL
+    on the held-out windows, with ``ghost-auto``'s rule (``ghosted.recovery.heldout.wins``)."""
+    from ghosted.recovery.heldout import heldout_scores, mean_nll, wins
+
+    layers, rows = solve_layers(ctx)
+    model = with_layers(ctx.model, ctx.dropped, layers)
+    scores = heldout_scores({"layers": model, "other": other}, ctx.heldout_windows, ctx.cfg.calibration.batch_size)
+    better, gain = wins(scores["layers"], scores["other"])
+    mine, theirs = mean_nll(scores["layers"]), mean_nll(scores["other"])
+    interval = "no interval (too few held-out windows)" if gain is None else f"[{gain.low:+.4f}, {gain.high:+.4f}]"
+    text = (f"held-out NLL {mine:.4f} (solved layers) vs {theirs:.4f} ({label}), ΔNLL {mine - theirs:+.4f} "
+            f"{interval}: " + ("kept the solved layers" if better
+                               else f"kept {label} (the solved layers are not significantly better)"))
+    for row in rows:
+        row.update(nll_layers=mine, **{f"nll_{label.replace(' ', '_')}": theirs})
+    return Verdict(model, layers, rows, better, text)
+
+
 def fit_layer_ls(ctx, name: str):
-    """``layer-ls``: the solved replacement layers, unless ``ghost`` predicts the held-out windows as well
-    (``ghost-auto``'s significance rule); the choices say which and why."""
+    """``layer-ls``: the solved replacement layers, unless they do not predict the held-out windows
+    significantly better than ``ghost``; the choices say which and why."""
     from ghosted.recovery import methods as registry
     from ghosted.recovery.gap_fits import fit_ghost
-    from ghosted.recovery.heldout import heldout_scores, mean_nll, wins
     from ghosted.recovery.methods import MethodResult
 
     started = time.perf_counter()
-    layers, rows = solve_layers(ctx)
     ghost = _ghost_fits(ctx, name, fit_ghost)
-    models = {"layers": with_layers(ctx.model, ctx.dropped, layers),
-              "ghost": assemble(ctx.model, ctx.dropped, ghost, name, ctx.cfg.fold, ctx.rule)}
-    scores = heldout_scores(models, ctx.heldout_windows, ctx.cfg.calibration.batch_size)
-    better, gain = wins(scores["layers"], scores["ghost"])
-    nll = {label: mean_nll(s) for label, s in scores.items()}
-    interval = "no interval (too few held-out windows)" if gain is None else f"[{gain.low:+.4f}, {gain.high:+.4f}]"
-    verdict = (f"held-out NLL {nll['layers']:.4f} (solved layers) vs {nll['ghost']:.4f} (ghost), ΔNLL "
-               f"{nll['layers'] - nll['ghost']:+.4f} {interval}: "
-               + ("kept the solved layers" if better
-                  else "kept ghost (the solved layers are not significantly better)"))
-    for row in rows:
-        row.update(method=name, chosen="layers" if better else "ghost", nll_layers=nll["layers"],
-                   nll_ghost=nll["ghost"], reason=verdict)
+    ghost_model = assemble(ctx.model, ctx.dropped, ghost, name, ctx.cfg.fold, ctx.rule)
+    verdict = against(ctx, ghost_model, "ghost")
+    for row in verdict.rows:
+        row.update(method=name, chosen="layers" if verdict.better else "ghost", reason=verdict.text)
     seconds = time.perf_counter() - started
-    extra = sum(p.numel() for layer in layers.values() for p in layer.parameters())
-    if better:
-        notes = [f"one solved layer per removed block ({len(layers)}: {extra} parameters back); {verdict}"]
-        return MethodResult(name, models["layers"], "layer", {}, {}, None, seconds, ctx.calib_seconds,
-                            choices=rows, notes=notes)
+    if verdict.better:
+        notes = [f"one solved layer per removed block ({len(verdict.layers)}: {verdict.parameters} parameters "
+                 f"back); {verdict.text}"]
+        return MethodResult(name, verdict.model, "layer", {}, {}, None, seconds, ctx.calib_seconds,
+                            choices=verdict.rows, notes=notes)
     gaps = ctx.stream_gaps
-    return MethodResult(name, models["ghost"], registry.RESULT_KINDS[registry.STREAM],
-                        {g: f.stream for g, f in ghost.items()}, ctx.pick(ctx.stats, gaps),
-                        ctx.pick(ctx.heldout, gaps), seconds, ctx.calib_seconds,
-                        fits=ghost, choices=rows, notes=[verdict])
+    return MethodResult(name, ghost_model, registry.RESULT_KINDS[registry.STREAM],
+                        {g: f.stream for g, f in ghost.items()},
+                        ctx.pick(ctx.stats, gaps), ctx.pick(ctx.heldout, gaps), seconds, ctx.calib_seconds,
+                        fits=ghost, choices=verdict.rows, notes=[verdict.text])
 
 
 def _ghost_fits(ctx, name: str, fit_ghost) -> dict:
