@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.service.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env,
+from ghosted.service.frontend import (DeployConfig, admit, JobQueue, LoadedModel, Progress, describe, from_env,
                                          heap, links, load_any, num_layers, precompute, release_gpu_cache,
                                          workbench as wb)
 from pages import _restore
@@ -66,6 +66,9 @@ def open_link() -> None:
         lm = load(spec)
         switch_model(spec)
         link = links.from_query(params, current_key(), num_layers(lm.model), deployment())
+        for request in (link.fit, link.evaluation):
+            if request is not None:
+                admit(request, lm, deployment())  # refused at once, before anything is queued
     except USER_ERRORS as err:
         st.error(f"This link could not be opened. {err}", icon=":material/link_off:")
         return
@@ -121,8 +124,10 @@ def check_spec(spec: dict, cfg: DeployConfig) -> None:
 
 
 def load(spec: dict) -> LoadedModel:
-    """Check ``spec`` against the deployment, load it (cached) and record the badge facts."""
+    """Check ``spec`` against the deployment, load it (cached under its canonical arguments) and record the
+    badge facts."""
     check_spec(spec, deployment())
+    spec = wb.canonical_model(spec, deployment())
     loaded = load_cached(**spec)
     facts = describe(loaded.model)
     st.session_state[INFO] = {"key": model_key(spec), "name": loaded.name, "device": loaded.device,
@@ -148,7 +153,8 @@ def current_key() -> str:
 
 
 def switch_model(spec: dict) -> None:
-    """Make ``spec`` the current model; results of another model are dropped."""
+    """Make ``spec`` the current model (under its canonical arguments); results of another model are dropped."""
+    spec = wb.canonical_model(spec, deployment())
     if model_key(spec) != current_key():
         for key in RESULTS:
             st.session_state.pop(key, None)
@@ -173,7 +179,7 @@ def backend() -> JobQueue:
         if _BACKEND is None:
             cfg = backend_settings()
             store = wb.shared_store(max_entries=cfg.shared_results, idle_s=cfg.idle_release_s)
-            _BACKEND = JobQueue(store, alive=session_alive)
+            _BACKEND = JobQueue(store, alive=session_alive, max_owner_jobs=cfg.max_visitor_jobs)
         return _BACKEND
 
 
@@ -247,10 +253,16 @@ def work_of(request, lm: LoadedModel) -> Callable[[Progress], object]:
 
 def ask(name: str, request) -> None:
     """Make ``request`` this session's under ``name`` and queue it (joined with an identical one, or
-    answered from the store at once)."""
-    st.session_state[name] = request
+    answered from the store at once), after the one door's checks (``cost.admit``: the model checks of
+    the command line, the deployment's budget per job); the request it replaces stops being waited for."""
+    lm = load(st.session_state[MODEL])
+    admit(request, lm, deployment())
     key, me = request.key(), owner()
-    status = backend().submit(key, request.kind, work_of(request, load(st.session_state[MODEL])), me)
+    superseded = st.session_state.get(name)
+    if superseded is not None and superseded.key() != key:
+        backend().cancel(superseded.key(), me)  # its panel is gone: nobody here waits for it any more
+    st.session_state[name] = request
+    status = backend().submit(key, request.kind, work_of(request, lm), me)
     log_event("asked", key=key, kind=request.kind, owner=me, state=status.state)
 
 

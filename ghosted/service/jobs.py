@@ -44,6 +44,10 @@ ENDED_KEPT = 256  # failed or cancelled jobs remembered, so their owners can rea
 ALIVE_CHECK_S = 2.0  # how often a running job asks whether anyone still waits for it
 
 
+class JobRefused(ValueError):
+    """A job the queue does not take from this owner now; the message says why and what to do."""
+
+
 class JobCancelled(Exception):
     """Raised inside a job's progress call when every owner cancelled it or left."""
 
@@ -119,7 +123,8 @@ class JobQueue:
 
     def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int | None = None,
                  alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic,
-                 log: str | None = None):
+                 log: str | None = None, max_owner_jobs: int | None = None):
+        self.max_owner_jobs = max_owner_jobs  # jobs one owner may have queued or running; None: any number
         self.store = store if store is not None else ResultStore()
         self.threads_per_job = max(1, threads_per_job or default_threads())  # torch threads each job runs with
         self.workers = workers or default_workers(threads_per_job=self.threads_per_job)
@@ -145,6 +150,7 @@ class JobQueue:
         with self._cond:
             job = self._jobs.get(key)
             if job is None:
+                self._check_owner_jobs(owner)
                 self._ended.pop(key, None)
                 job = self._jobs[key] = _Job(key, kind, work, timed=timed)
                 self._waiting.append(key)
@@ -153,6 +159,18 @@ class JobQueue:
             job.cancelled.clear()  # someone waits for it again (a job already stopping still ends cancelled)
             job.owners.add(owner)
             return self._status(job, owner)
+
+    def owner_jobs(self, owner: str) -> list[str]:
+        """The keys of the queued and running jobs ``owner`` waits for."""
+        with self._cond:
+            return [key for key, job in self._jobs.items() if owner in job.owners]
+
+    def _check_owner_jobs(self, owner: str) -> None:
+        """Refuse a new job of an owner that already waits for ``max_owner_jobs`` (joining one is free)."""
+        mine = [job for job in self._jobs.values() if owner in job.owners]
+        if self.max_owner_jobs is not None and len(mine) >= self.max_owner_jobs:
+            raise JobRefused(f"You already have {len(mine)} jobs queued or running, the most one visitor may "
+                             f"have here: cancel one or wait for it to end.")
 
     def status(self, key: str, owner: str | None = None) -> JobStatus | None:
         """A snapshot of ``key``'s job (None when the queue and the store know nothing of it)."""

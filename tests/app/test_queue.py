@@ -175,6 +175,19 @@ def test_a_bad_link_says_why_and_leaves_the_session_usable(monkeypatch):
     assert at.session_state[_ui.SELECTION] == [] and _ui.RUN not in at.session_state
 
 
+@pytest.mark.parametrize("deploy", ["local", "demo"])
+def test_a_link_with_windows_beyond_the_models_positions_is_refused_before_anything_is_queued(monkeypatch, deploy):
+    monkeypatch.delenv("GHOSTED_DEMO", raising=False)
+    monkeypatch.setenv("GHOSTED_DEPLOY", deploy)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    at.query_params.update({"layers": "20-21", "tokens": "8192", "window": "32768"})
+    at.run()
+    no_exception(at)
+    why = "eval_seq_len (--eval-seq-len) = 32768 is longer than this model's 8192 positions"
+    assert any("This link could not be opened" in e and why in e for e in errors(at)), errors(at)
+    assert _ui.RUN not in at.session_state and _ui.EVALUATION not in at.session_state
+
+
 def test_a_link_shows_its_settings_in_the_forms_of_its_pages(monkeypatch):
     monkeypatch.delenv("GHOSTED_DEMO", raising=False)
     monkeypatch.delenv("GHOSTED_DEPLOY", raising=False)

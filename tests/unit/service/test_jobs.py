@@ -235,3 +235,23 @@ def test_an_unwritable_job_log_warns_once_and_the_jobs_go_on(tmp_path):
         job.opened.set()
         assert queue.wait("k", WAIT).state == "done"
     assert queue.log is None and queue.store.get("k") == "x"
+
+
+def test_a_visitor_has_at_most_the_deployments_jobs_at_once_and_joining_one_is_free():
+    from ghosted.service.jobs import JobRefused
+
+    queue = JobQueue(workers=1, max_owner_jobs=2)
+    gates = [Gate(i) for i in range(3)]
+    queue.submit("a", "fit", gates[0], "alice")
+    queue.submit("b", "fit", gates[1], "alice")
+    with pytest.raises(JobRefused, match="already have 2 jobs queued or running"):
+        queue.submit("c", "fit", gates[2], "alice")
+    assert queue.owner_jobs("alice") == ["a", "b"]
+    queue.submit("c", "fit", gates[2], "bob")  # another visitor is not held back
+    queue.submit("c", "fit", gates[2], "alice")  # joining bob's job takes no new place
+    queue.cancel("b", "alice")  # a superseded request gives its place back
+    queue.cancel("c", "alice")
+    queue.submit("d", "fit", Gate("d"), "alice")
+    for gate in gates:
+        gate.opened.set()
+    assert queue.wait("a", WAIT).state == "done"

@@ -112,3 +112,20 @@ def test_generations_depart_from_dense_where_their_tokens_first_differ(tmp_path,
     store.put("generate-1", shown, kind="generate")
     again = wb.shared_store(folder=tmp_path).get("generate-1")
     assert again.departures == shown.departures and again.outputs == shown.outputs
+
+
+def test_the_shared_model_is_named_canonically_and_restricted_deployments_fix_its_dtype_and_device(tmp_path,
+                                                                                                  monkeypatch):
+    from ghosted.service.deploy import CLASSROOM, DEMO, LOCAL
+
+    chosen = {**wb.DEFAULT_MODEL, "source": "bundled", "dtype": "bfloat16", "device": "cpu"}
+    for cfg in (DEMO, CLASSROOM):
+        assert wb.canonical_model(chosen, cfg) == wb.DEFAULT_MODEL  # every visitor's choice: one cache entry
+        assert wb.model_key(wb.canonical_model({**chosen, "source": "default"}, cfg)) == wb.BUNDLED_KEY
+    assert wb.canonical_model(chosen, LOCAL) == {**chosen, "source": wb.BUNDLED_MODEL}  # a workstation chooses
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert wb.canonical_source("./model/") == wb.canonical_source(str(folder)) == str(folder.resolve())
+    assert wb.canonical_source(" HuggingFaceTB/SmolLM2-135M-Instruct ") == "HuggingFaceTB/SmolLM2-135M-Instruct"
