@@ -76,7 +76,7 @@ def measure(model: str, size: str) -> dict:
 
 def _bundled():
     from ghosted.models.assets import BUNDLED_MODEL
-    from ghosted.models.loading import load_any
+    from ghosted.operators.checkpoint import load_any
 
     return load_any(BUNDLED_MODEL, dtype="float32", device="cpu")
 

@@ -114,8 +114,14 @@ def load_cached(source: str, dtype: str, device: str, device_map: str | None,
     """One model for the whole server, keyed on every argument that changes it. Never mutate it."""
     loaded = load_any(source, dtype=dtype, device=device, device_map=device_map,
                       trust_remote_code=trust_remote_code)  # a saved recovered folder keeps its operators
+    spec = {"source": source, "dtype": dtype, "device": device, "device_map": device_map,
+            "trust_remote_code": trust_remote_code}
+    _IDENTITIES[wb.model_key(spec)] = wb.local_identity(loaded)  # what is on disk now, as it was loaded
     heap.freeze_long_lived()  # collections after every page run stay cheap (ghosted.core.heap)
     return loaded
+
+
+_IDENTITIES: dict[str, dict | None] = {}  # model key -> the content identity of the model loaded under it
 
 
 def check_spec(spec: dict, cfg: DeployConfig) -> None:
@@ -148,14 +154,16 @@ def require_model() -> LoadedModel:
 
 
 def current_key() -> str:
-    """Key of the model this session works on (results are tagged with it)."""
-    return model_key(st.session_state.get(MODEL, DEFAULT_SPEC))
+    """Key of the model this session works on (results are tagged with it): its load arguments and, for a
+    model from the server's disk, the content identity of what was loaded (not its path alone)."""
+    spec = st.session_state.get(MODEL, DEFAULT_SPEC)
+    return model_key(spec, _IDENTITIES.get(model_key(spec)))
 
 
 def switch_model(spec: dict) -> None:
     """Make ``spec`` the current model (under its canonical arguments); results of another model are dropped."""
     spec = wb.canonical_model(spec, deployment())
-    if model_key(spec) != current_key():
+    if model_key(spec) != model_key(st.session_state.get(MODEL, DEFAULT_SPEC)):
         for key in RESULTS:
             st.session_state.pop(key, None)
         st.session_state[SELECTION] = []
@@ -198,13 +206,21 @@ def owner() -> str:
 
 
 def session_alive(owner_id: str) -> bool:
-    """False once the browser session has gone (a closed tab); True where no server runs (tests) and for
-    the server's own warm-up jobs."""
+    """False once the browser session has expired: connected, or disconnected but still kept for a reconnect
+    (Streamlit keeps a dropped session's state for a while, so a few seconds' network drop keeps its jobs;
+    a closed tab gives its place up when the session is forgotten). True where no server runs (tests) and
+    for the server's own warm-up jobs."""
     from streamlit.runtime import Runtime
 
     if owner_id == WARM_OWNER:
         return True
-    return not Runtime.exists() or Runtime.instance().is_active_session(owner_id.rsplit("/", 1)[0])
+    if not Runtime.exists():
+        return True
+    runtime, session_id = Runtime.instance(), owner_id.rsplit("/", 1)[0]
+    sessions = getattr(runtime, "_session_mgr", None)  # the runtime names no public reader of the kept sessions
+    if sessions is None or not hasattr(sessions, "get_session_info"):
+        return runtime.is_active_session(session_id)  # an embedded runtime (AppTest): connected ones only
+    return sessions.get_session_info(session_id) is not None
 
 
 def warm_up() -> None:
@@ -322,8 +338,9 @@ def answer(name: str, label: str):
             st.info(f"{label}: cancelled.", icon=":material/cancel:")
         elif isinstance(status.error, USER_ERRORS):
             st.error(f"{label}: stopped. {status.error}", icon=":material/error:")
-        else:
-            raise status.error
+        else:  # the operator's log has the traceback (ghosted.service.jobs)
+            st.error(f"{label}: stopped by an internal error ({type(status.error).__name__}: {status.error}). "
+                     "Try again; if it persists, tell the server's operator.", icon=":material/error:")
         return None
     job_panel(request.key(), label)
     return None

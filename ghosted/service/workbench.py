@@ -18,6 +18,7 @@ store's disk copy, or computed again). The page defaults are the requests' defau
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -48,9 +49,22 @@ PRESETS = {  # preset -> (criterion, what it picks); the Influence page's preset
 }
 
 
-def model_key(spec: dict) -> str:
-    """A string naming everything that changes the loaded model; tags requests with their model."""
-    return "|".join(str(spec.get(k)) for k in DEFAULT_MODEL)
+def model_key(spec: dict, identity: dict | None = None) -> str:
+    """A string naming everything that changes the loaded model; tags requests with their model. A local
+    model adds its content identity (``local_identity``): a checkpoint rewritten under the same path is
+    another model, never answered with the old one's results."""
+    key = "|".join(str(spec.get(k)) for k in DEFAULT_MODEL)
+    if identity is None:
+        return key
+    return f"{key}|{hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]}"
+
+
+def local_identity(loaded) -> dict | None:
+    """The content identity of a model loaded from the server's disk (``ghosted.calibration.identity``:
+    file sizes, times, inodes and samples of the weights), None for the bundled and hub models."""
+    from ghosted.calibration.identity import model_identity
+
+    return model_identity(loaded.model) if loaded.kind in ("folder", "gguf") else None
 
 
 BUNDLED_KEY = model_key(DEFAULT_MODEL)  # the bundled model as the app loads it by default

@@ -129,3 +129,27 @@ def test_the_shared_model_is_named_canonically_and_restricted_deployments_fix_it
     monkeypatch.chdir(tmp_path)
     assert wb.canonical_source("./model/") == wb.canonical_source(str(folder)) == str(folder.resolve())
     assert wb.canonical_source(" HuggingFaceTB/SmolLM2-135M-Instruct ") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_a_local_model_is_keyed_by_its_content_so_a_rewritten_checkpoint_gets_new_results(tmp_path):
+    from ghosted.models.loading import LoadedModel
+    from tests.tiny import tiny_model
+
+    folder = tmp_path / "ckpt"
+    tiny_model("llama", layers=4, seed=0).save_pretrained(folder)
+    spec = {**wb.DEFAULT_MODEL, "source": str(folder)}
+
+    def key_now():
+        import transformers as tf
+
+        model = tf.AutoModelForCausalLM.from_pretrained(folder)
+        return wb.model_key(spec, wb.local_identity(LoadedModel(model, None, str(folder), "folder", "cpu",
+                                                                "float32", 0.0)))
+
+    before = key_now()
+    assert key_now() == before  # the same files: the same key, so its stored results are found again
+    tiny_model("llama", layers=4, seed=1).save_pretrained(folder)  # other weights under the same path
+    assert key_now() != before
+    assert wb.InfluenceRequest(model=key_now()).key() != wb.InfluenceRequest(model=before).key()
+    bundled = LoadedModel(None, None, wb.BUNDLED_MODEL, "bundled", "cpu", "float32", 0.0)
+    assert wb.local_identity(bundled) is None and wb.model_key(wb.DEFAULT_MODEL) == wb.BUNDLED_KEY
