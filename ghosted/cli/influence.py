@@ -81,7 +81,7 @@ def parse_metrics(text: str, with_heldout: bool) -> list[str]:
 
 def handle(args) -> int:
     from ghosted.models.architecture import num_layers
-    from ghosted.selection.criteria import InfluenceConfig, influence
+    from ghosted.experiments.session import Session
     from ghosted.selection.rules import selections
     from ghosted.core.ownership import claim_output_dir
     from ghosted.experiments.facts import facts_of_model
@@ -96,14 +96,11 @@ def handle(args) -> int:
     lm = load_from_args(args)
     _check_model(args, n_values, facts_of_model(lm.model))  # before any forward pass
     rec_n = _recoverability_n(args.recoverability_n.strip(), n_values, num_layers(lm.model))
-    cfg = InfluenceConfig(metrics=metrics, n_values=n_values,
-                          recoverability_n_values=rec_n,
-                          batch_size=args.batch_size, eps=args.eps,
-                          candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
-                          max_gram_gib=args.max_gram_gib)
-    fit, held = spec.calibration.windows(lm.tokenizer)
-    with progress_from_args(args) as progress:
-        report = influence(lm.model, fit, cfg, heldout=held, progress=progress)
+    with progress_from_args(args) as progress:  # the session draws the spec's windows, as run draws them
+        report = Session(spec, lm, progress).influence(
+            metrics=metrics, n_values=n_values, recoverability_n_values=rec_n, batch_size=args.batch_size,
+            eps=args.eps, candidate_windows=args.candidate_windows or None, sleb_steps=args.sleb_steps or None,
+            max_gram_gib=args.max_gram_gib)
     report.meta["model"] = lm.name
     shown = report.meta["n_values"] if n_values else _typical_n(report.num_layers)
     chosen = selections(report, report.meta["n_values"])
@@ -130,7 +127,7 @@ def check_args(args) -> tuple[ExperimentSpec, list[str], list[int] | None]:
     check_count("sleb_steps", args.sleb_steps, minimum=0)
     if not args.max_gram_gib > 0:
         raise ValueError(f"max_gram_gib (--max-gram-gib) must be above 0; got {args.max_gram_gib}.")
-    metrics = parse_metrics(args.metrics, spec.calibration.heldout > 0)
+    metrics = parse_metrics(args.metrics, spec.calibration.heldout_seqs > 0)
     n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
     _check_n_values(n_values, None)
     return spec, metrics, n_values

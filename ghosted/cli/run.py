@@ -7,7 +7,7 @@ import sys
 
 from ghosted.cli.common import (
     add_dry_run, add_model_args, add_protocol_args, add_seeds_arg, add_task_args, add_text_args, facts_from_args,
-    load_from_args, progress_from_args, write_json)
+    progress_from_args, write_json)
 
 
 def add_parser(sub) -> None:
@@ -56,20 +56,19 @@ def handle(args) -> int:
         raise ValueError(str(err)) from err
     spec = spec_from_args(args, base=base)  # a recipe's model too
     check_out_file(args.out, overwrite=args.overwrite, model=spec.model.source)  # cheapest first: before any text
-    check_run(spec)  # every setting, before the model is loaded
     check_draws(spec.calibration.seed, args.seeds)  # K whole runs: bounded like every other count
     if args.dry_run:
+        check_run(spec)  # what a run's session checks first
         print(plan_run(spec, facts_from_args(spec)))
         return 0
     try:
-        with progress_from_args(args) as progress:
-            loaded = load_from_args(spec, args.offload_folder)
+        with progress_from_args(args) as progress:  # the session checks the spec, then loads the model
             if args.seeds > 1:
                 from ghosted.experiments.seeds import run_seeds
 
-                report = run_seeds(spec, args.seeds, loaded=loaded, progress=progress)
+                report = run_seeds(spec, args.seeds, progress=progress, offload_folder=args.offload_folder)
             else:
-                report, _ = run_experiment(spec, loaded=loaded, progress=progress)
+                report, _ = run_experiment(spec, progress=progress, offload_folder=args.offload_folder)
     except (Exception, KeyboardInterrupt) as err:
         return report_stopped(args, err)
     print(format_table(report))

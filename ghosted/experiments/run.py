@@ -10,7 +10,6 @@ import time
 from dataclasses import dataclass, field
 
 
-from ghosted.experiments import validate
 from ghosted.core.progress import Progress
 from ghosted.experiments.session import EvaluationTable, FittedRun, Session
 from ghosted.core.signals import describe_stop
@@ -21,20 +20,30 @@ from ghosted.recovery.fitting import RecoveryRun
 from ghosted.evaluation.zeroshot import add_task_results, task_columns, task_protocol_lines
 
 
-def run_experiment(spec: ExperimentSpec, loaded: LoadedModel | None = None,
-                   progress: Progress | None = None) -> tuple[dict, RecoveryRun | None]:
+def run_experiment(spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
+                   offload_folder: str | None = None) -> tuple[dict, RecoveryRun | None]:
     """Run ``spec`` and return (a JSON-ready report, the RecoveryRun with the recovered models).
 
-    A ``Session`` does the work (``ghosted.experiments.session``); this adds the report. When the run
-    is stopped after the model is loaded (Ctrl-C or an error), the exception goes on with a
-    ``partial_report`` attribute: the report of what finished, ``"complete": false``.
+    ``Session.open`` checks the spec (before loading: a typo costs seconds, not a calibration pass), loads
+    the model (unless ``loaded``; ``offload_folder``: see ``load_spec_model``) and checks the spec against
+    it; ``run_session`` does the rest.
     """
-    validate.check_run(spec)  # before loading: a typo costs seconds, not a calibration pass
-    state = _RunState(spec, time.perf_counter())
+    started = time.perf_counter()
+    session = Session.open(spec, loaded, progress, offload_folder=offload_folder)
+    return run_session(session, started)
+
+
+def run_session(session: Session, started: float | None = None) -> tuple[dict, RecoveryRun | None]:
+    """Run the experiment of an opened session (``Session.open``): choose layers, fit, evaluate, report.
+
+    When the run is stopped (Ctrl-C or an error), the exception goes on with a ``partial_report``
+    attribute: the report of what finished, ``"complete": false``.
+    """
+    state = _RunState(session.spec, started or time.perf_counter(), session=session)
     try:
-        return _run(spec, loaded, progress, state)
+        return _run(session, state)
     except BaseException as err:  # Ctrl-C included: attach what finished, and let it go on
-        if state.session is not None and isinstance(err, (Exception, KeyboardInterrupt)):
+        if isinstance(err, (Exception, KeyboardInterrupt)):
             err.partial_report = state.report(stopped=err)
         raise
 
@@ -45,8 +54,8 @@ class _RunState:
 
     spec: ExperimentSpec
     started: float  # perf_counter() at the start
-    stage: str = "loading the model"  # what the run is doing now
-    session: Session | None = None  # set once the model is loaded
+    session: Session  # opened: the model loaded and the spec checked against it
+    stage: str = "choosing layers"  # what the run is doing now
     dropped: list[int] = field(default_factory=list)
     selection: dict | None = None
     eval_protocol: dict = field(default_factory=dict)
@@ -111,10 +120,8 @@ def _has_reference(spec: ExperimentSpec) -> bool:
     return bool(with_role(spec.methods, REFERENCE))
 
 
-def _run(spec: ExperimentSpec, loaded, progress, state: _RunState) -> tuple[dict, RecoveryRun | None]:
-    session = state.session = Session(spec, loaded, progress)
-    session.check_model()  # before any forward pass
-    state.stage = "choosing layers"
+def _run(session: Session, state: _RunState) -> tuple[dict, RecoveryRun | None]:
+    spec, progress = session.spec, session.progress
     choice = session.choose_layers()
     state.dropped, state.selection = choice.layers, choice.selection
     evaluation = session.evaluation()

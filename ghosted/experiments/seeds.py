@@ -16,25 +16,27 @@ import statistics
 
 from ghosted.core.progress import Progress, lines
 from ghosted.experiments.spec import ExperimentSpec
-from ghosted.models.loading import LoadedModel, load_model
+from ghosted.models.loading import LoadedModel
 
 
 def run_seeds(spec: ExperimentSpec, seeds: int, loaded: LoadedModel | None = None,
-              progress: Progress | None = None) -> dict:
+              progress: Progress | None = None, offload_folder: str | None = None) -> dict:
     """The first seed's full report, with ``"seeds"``: every seed's perplexities and, per method, their
-    mean, standard deviation (n - 1), min and max. ``seeds`` < 1 is refused."""
-    from ghosted.experiments.run import run_experiment
+    mean, standard deviation (n - 1), min and max. ``seeds`` < 1 is refused. Each draw's spec is checked
+    once, by the session that runs it; the model is loaded once, by the first."""
+    from ghosted.experiments.run import run_session
+    from ghosted.experiments.session import Session
 
     if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
         raise ValueError(f"--seeds must be a whole number of calibration draws, at least 1; got {seeds!r}.")
-    m = spec.model
-    lm = loaded or load_model(m.source, device=m.device, dtype=m.dtype)
     say = lines(progress)
-    first, per_seed = None, {}
+    first, per_seed, lm = None, {}, loaded
     for i in range(seeds):
         seed = spec.calibration.seed + i
         say(f"calibration draw {i + 1} of {seeds} (seed {seed})")
-        report, _ = run_experiment(spec.with_options(seed=seed), lm, progress)
+        session = Session.open(spec.with_options(seed=seed), lm, progress, offload_folder=offload_folder)
+        lm = session.lm
+        report, _ = run_session(session)
         first = first or report
         per_seed[seed] = {e["method"]: e["ppl"] for e in report["results"]}
     first["seeds"] = {"perplexities": per_seed, "summary": summarize_seeds(per_seed)}

@@ -101,10 +101,11 @@ class Session:
     """
 
     def __init__(self, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
-                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None):
+                 calibration_text=None, windows: CalibrationWindows | None = None, evaluation_text=None,
+                 offload_folder: str | None = None):
         self.spec = spec
         self.progress = progress
-        self.lm = loaded if loaded is not None else load_spec_model(spec)
+        self.lm = loaded if loaded is not None else load_spec_model(spec, offload_folder)
         self.cache = resolve_cache(spec.calibration.cache)  # this session's: ``written``, ``failure`` say what it saved
         self._calibration_text = calibration_text
         self._evaluation_text = evaluation_text
@@ -115,8 +116,9 @@ class Session:
     @classmethod
     def open(cls, spec: ExperimentSpec, loaded: LoadedModel | None = None, progress: Progress | None = None,
              **options) -> Session:
-        """A session on ``spec`` after every check: the settings before loading, the layers and
-        positions against the model before any forward pass."""
+        """A session on ``spec`` after every check, each made once: the settings before the model is loaded
+        (``validate.check_run``), the layers and positions against the model before any forward pass. The
+        door of a whole experiment (``run_experiment``, ``run_seeds``, ``python -m ghosted run``)."""
         from ghosted.experiments import validate
 
         validate.check_run(spec)
@@ -140,7 +142,7 @@ class Session:
 
     def evaluation(self, texts: list[str] | None = None) -> EvaluationWindows:
         """The evaluation windows, drawn once per request: the spec's text or protocol, or (``texts``,
-        the grid's texts) ``evaluation.tokens`` of each of ``texts``, capped to whole windows."""
+        the grid's texts) ``evaluation.eval_tokens`` of each of ``texts``, capped to whole windows."""
         key = tuple(texts or ())
         if key not in self._evaluation:
             self._evaluation[key] = _evaluation_windows(self.spec, self.lm.tokenizer, texts, self.progress,
@@ -225,6 +227,14 @@ class Session:
                      for name, model in models.items()]
         return EvaluationTable(rows, evaluation.protocol)
 
+    def perplexity(self, model: nn.Module | None = None, windows: TokenWindows | None = None):
+        """Perplexity of ``model`` (default: the loaded one) as a ``PerplexityResult``, on ``windows``
+        (default: the spec's evaluation text, as ``evaluation`` draws it)."""
+        if windows is None:
+            windows = next(iter(self.evaluation().texts.values()))
+        return perplexity(self.lm.model if model is None else model, windows,
+                          batch_size=self.spec.calibration.batch_size, progress=self.progress)
+
     def unevaluated(self, fitted: FittedRun | None, reference: bool = True) -> EvaluationTable:
         """The rows of ``fitted``'s models without perplexity (a run stopped before it evaluated)."""
         recovery = fitted.recovery if fitted else None
@@ -306,14 +316,14 @@ def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress, calibr
     ev = spec.evaluation
     calib = calibration_text if calibration_text is not None else spec.calibration.source
     if evaluation_text is not None and not texts and not ev.protocol:  # an uploaded evaluation text
-        windows = evaluation_windows(tokenizer, evaluation_text, ev.tokens, ev.window, calib)
-        return EvaluationWindows({ev.source: windows}, describe_protocol(resolve_protocol("", ev.source, ev.tokens,
-                                                                                          ev.window)))
+        windows = evaluation_windows(tokenizer, evaluation_text, ev.eval_tokens, ev.eval_seq_len, calib)
+        return EvaluationWindows({ev.source: windows}, describe_protocol(resolve_protocol("", ev.source, ev.eval_tokens,
+                                                                                          ev.eval_seq_len)))
     if texts and not ev.protocol:
-        windows = {s: capped_evaluation_windows(tokenizer, s, ev.tokens, ev.window, calib) for s in texts}
-        custom = EvalProtocol("custom", tuple(texts), ev.window, ev.tokens, "texts given with --evals")
+        windows = {s: capped_evaluation_windows(tokenizer, s, ev.eval_tokens, ev.eval_seq_len, calib) for s in texts}
+        custom = EvalProtocol("custom", tuple(texts), ev.eval_seq_len, ev.eval_tokens, "texts given with --evals")
         return EvaluationWindows(windows, describe_protocol(custom))
-    protocol = resolve_protocol(ev.protocol, "" if texts else ev.source, ev.tokens, ev.window)
+    protocol = resolve_protocol(ev.protocol, "" if texts else ev.source, ev.eval_tokens, ev.eval_seq_len)
     say = lines(progress) if texts else None
     windows, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
     return EvaluationWindows(windows, describe_protocol(protocol, skipped))

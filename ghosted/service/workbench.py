@@ -177,15 +177,14 @@ class InfluenceRequest(_Request):
         validate.check_positions(validate.facts_of_model(lm.model).max_positions, seq_len=self.seq_len)
 
     def compute(self, lm, progress=None) -> Influence:
-        from ghosted.selection.criteria import InfluenceConfig, influence
+        from ghosted.experiments.session import Session
 
-        calibration = ExperimentSpec().with_options(calib=text_name(self.text), calib_seqs=self.calib_seqs,
-                                                    seq_len=self.seq_len, heldout_seqs=self.heldout_seqs,
-                                                    seed=0).calibration
-        fit, held = calibration.windows(lm.tokenizer, text=self.text)
-        config = InfluenceConfig(metrics=list(self.metrics), recoverability_n_values=sorted(self.rec_n) or None)
-        report = influence(lm.model, fit, config, heldout=held, progress=progress)
-        return Influence(self.model, report, fit.protocol)
+        spec = ExperimentSpec().with_options(calib=text_name(self.text), calib_seqs=self.calib_seqs,
+                                             seq_len=self.seq_len, heldout_seqs=self.heldout_seqs, seed=0, cache=False)
+        session = Session(spec, lm, progress, calibration_text=_given_text(self.text))
+        report = session.influence(metrics=list(self.metrics), recoverability_n_values=sorted(self.rec_n) or None,
+                                   batch_size=4)  # the criteria's own default, as before
+        return Influence(self.model, report, session.calibration().fit.protocol)
 
 
 def apply_preset(report, preset: str, n: int) -> tuple[list[int], str]:

@@ -26,8 +26,8 @@ def files(folder: Path) -> dict[str, bytes]:
 @pytest.fixture
 def tiny_cli(monkeypatch):
     """``run`` and ``grid`` on a tiny in-memory model (no load from disk)."""
-    for name in ("run", "grid"):
-        monkeypatch.setattr(f"ghosted.cli.{name}.load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr("ghosted.cli.grid.load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", lambda *_: tiny_loaded(6))  # run's session
 
 
 def one_line_refusal(capsys, *words) -> None:
@@ -42,7 +42,7 @@ def test_run_out_never_writes_into_the_models_folder(tmp_path, capsys, monkeypat
     model = tiny_model_folder(tmp_path / "model")
     before = files(model)
     capsys.readouterr()
-    monkeypatch.setattr("ghosted.cli.run.load_from_args", lambda *_: pytest.fail("loaded before refusing"))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", lambda *_: pytest.fail("loaded before refusing"))
     for extra in ([], ["--overwrite"]):
         assert main([*RUN, "--model", str(model), "--out", str(model / "config.json"), *extra]) == 2
         one_line_refusal(capsys, "inside the folder the model was loaded from")

@@ -91,11 +91,10 @@ def test_bundled_protocol_is_named_when_its_settings_are_used():
 
 
 def test_paper_protocol_offline_is_one_clear_error(capsys, monkeypatch):
-    import ghosted.cli.run as run_cli
 
     lm = tiny_loaded()
     lm.model.config.max_position_embeddings = 4096  # room for the paper's 2048-token windows
-    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: lm)
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", lambda *_: lm)
     code = main(["run", "--drop", "3-4", "--methods", "none", "--protocol", "paper", "--calib-seqs", "4",
                  "--seq-len", "32", "--heldout-seqs", "0"])
     err = capsys.readouterr().err
@@ -127,7 +126,6 @@ def test_several_texts_give_a_perplexity_each(monkeypatch):
 
 
 def test_cli_passes_the_task_flags(monkeypatch, tmp_path, capsys):
-    import ghosted.cli.run as run_cli
     import ghosted.experiments.run as pipeline
 
     seen = {}
@@ -136,7 +134,6 @@ def test_cli_passes_the_task_flags(monkeypatch, tmp_path, capsys):
         seen["cfg"] = cfg
         return {"results": [], "protocol": {"evaluation": {}, "calibration": None}, "model": "m", "dropped_spec": "",
                 "layers": 1}, None
-    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: None)
     monkeypatch.setattr(pipeline, "run_experiment", fake_run)
     out = tmp_path / "r.json"
     code = main(["run", "--drop", "3", "--tasks", f" {TASK}, arc_easy ,{TASK}", "--task-limit", "50",

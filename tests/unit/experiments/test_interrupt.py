@@ -88,10 +88,8 @@ def test_an_error_after_some_work_also_carries_the_partial_report(monkeypatch):
 
 
 def test_cli_ctrl_c_writes_partial_json_prints_the_table_and_exits_130(monkeypatch, tmp_path, capsys):
-    from ghosted.cli import run as run_cli
-
     out = tmp_path / "report.json"
-    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", lambda *_: tiny_loaded(6))
     monkeypatch.setattr(engine, "perplexities", interrupt)
     assert main([*RUN_ARGS, "--out", str(out)]) == 130
     captured = capsys.readouterr()
@@ -102,12 +100,10 @@ def test_cli_ctrl_c_writes_partial_json_prints_the_table_and_exits_130(monkeypat
 
 
 def test_cli_error_after_some_work_writes_partial_json_and_exits_2(monkeypatch, tmp_path, capsys):
-    from ghosted.cli import run as run_cli
-
     def broken(*_, **__):
         raise RuntimeError("out of memory")
     out = tmp_path / "report.json"
-    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", lambda *_: tiny_loaded(6))
     monkeypatch.setattr(engine, "perplexities", broken)
     assert main([*RUN_ARGS, "--out", str(out)]) == 2
     assert json.loads(out.read_text())["stopped"]["by"] == "RuntimeError: out of memory"
@@ -115,10 +111,8 @@ def test_cli_error_after_some_work_writes_partial_json_and_exits_2(monkeypatch, 
 
 
 def test_a_normal_run_is_complete(tmp_path, monkeypatch):
-    from ghosted.cli import run as run_cli
-
     out = tmp_path / "report.json"
-    monkeypatch.setattr(run_cli, "load_from_args", lambda *_: tiny_loaded(6))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", lambda *_: tiny_loaded(6))
     assert main([*RUN_ARGS, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["complete"] is True and "stopped" not in report and all(e["ppl"] > 1 for e in report["results"])
@@ -128,13 +122,13 @@ CTRL_C_SCRIPT = """
 import sys
 from ghosted.experiments import run as pipeline
 from ghosted.experiments import session as engine
-from ghosted.cli import main, run
+from ghosted.cli import main
 from tests.tiny import tiny_loaded
 
 def interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
-run.load_from_args = lambda *_: tiny_loaded(6)
+engine.load_spec_model = lambda *_: tiny_loaded(6)
 engine.perplexities = interrupt
 sys.exit(main(sys.argv[1:]))
 """

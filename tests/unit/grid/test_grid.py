@@ -148,6 +148,7 @@ def test_cli_builds_the_config(monkeypatch, tmp_path, capsys):
                  "--eval-tokens", "1024", "--calib-seqs", "8", "--out-dir", str(tmp_path)])
     assert code == 0
     cfg = seen["cfg"]
-    assert (cfg.selections, cfg.n_values, cfg.base.methods, cfg.base.evaluation.tokens, cfg.base.calibration.count) == (
+    base = cfg.base
+    assert (cfg.selections, cfg.n_values, base.methods, base.evaluation.eval_tokens, base.calibration.calib_seqs) == (
         ["shortgpt"], [7], ["dense", "ghost"], 1024, 8)
     assert (tmp_path / "grid.md").exists() and "3.00" in capsys.readouterr().out

@@ -332,8 +332,9 @@ def no_loading(monkeypatch):
     def fail(*_):
         raise AssertionError("the model was loaded before the output target was checked")
 
-    for name in ("run", "export", "influence", "grid"):
+    for name in ("export", "influence", "grid"):
         monkeypatch.setattr(f"ghosted.cli.{name}.load_from_args", fail)
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", fail)  # run: its session loads the model
 
 
 def bad_target_cases(tmp_path: Path, model: Path, cache: Path) -> list[tuple[list[str], str]]:
