@@ -191,8 +191,18 @@ def zeroshot_cost(request: wb.ZeroShotRequest, shape: Shape) -> Cost:
     return Cost("zeroshot", parts, flop)
 
 
+def probe_cost(request, shape: Shape) -> Cost:
+    """A probe of the Compare page reads one short text (``max_tokens``) under every variant: the token view
+    keeps each token's loss (the evaluation's logit copies), the lens reads logits at every layer boundary."""
+    lens = request.kind == "lens"
+    copies = shape.layers + 1 if lens else LOGIT_COPIES["evaluate"]
+    parts = forward_bytes(shape, 1, request.max_tokens, copies)
+    variants = len(request.fit.methods) + 2
+    return Cost(request.kind, parts, variants * shape.layers * layer_flop(shape, request.max_tokens))
+
+
 ESTIMATES = {"fit": fit_cost, "influence": influence_cost, "evaluate": eval_cost, "generate": generation_cost,
-             "zeroshot": zeroshot_cost}  # request kind -> its estimate
+             "zeroshot": zeroshot_cost, "token_losses": probe_cost, "lens": probe_cost}  # request kind -> estimate
 
 
 def estimate(request, shape: Shape, refit: bool = True) -> Cost:

@@ -109,3 +109,11 @@ def test_the_estimate_is_never_below_the_measured_peak_by_more_than_the_margin(f
     estimated = estimate(request, Shape.of(lm.model), refit=False).bytes / MIB
     assert estimated >= peak_mib - MARGIN_MIB, (estimated, peak_mib)
     assert estimated <= 2.5 * peak_mib + MARGIN_MIB, (estimated, peak_mib)  # an upper bound, not a wild one
+
+
+def test_every_request_kind_has_an_estimate():
+    from ghosted.service import cost, probes, workbench
+
+    kinds = {c.kind for module in (workbench, probes) for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, workbench._Request) and c.kind}
+    assert kinds and kinds <= set(cost.ESTIMATES), kinds - set(cost.ESTIMATES)
