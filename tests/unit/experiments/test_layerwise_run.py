@@ -54,6 +54,12 @@ def test_api_load_layerwise_evaluates_and_refuses_whole_model_steps_clearly(fold
     whole = ghosted.load(folder)
     got, want = ghosted.evaluate(lm, tokens=96, seq_len=32), ghosted.evaluate(whole, tokens=96, seq_len=32)
     assert math.isclose(got.ppl, want.ppl, rel_tol=TINY_MODEL_TOL)
+    calib = ghosted.calibrate(lm, n_seqs=4, seq_len=32)
+    run, want_run = (ghosted.fit(m, "2-3", calib, methods=["ghost", "replaceme-ls"]) for m in (lm, whole))
+    for method in ("ghost", "replaceme-ls"):  # ReplaceMe hooked on the layer-wise model, folded on the whole one
+        got_ppl = ghosted.evaluate(run.results[method].model, lm, tokens=96, seq_len=32).ppl
+        want_ppl = ghosted.evaluate(want_run.results[method].model, whole, tokens=96, seq_len=32).ppl
+        assert math.isclose(got_ppl, want_ppl, rel_tol=TINY_MODEL_TOL)
     with pytest.raises(LayerwiseUnsupported, match="read layer by layer .* generation runs the whole model"):
         ghosted.generate(lm, lm.tokenizer, ["w3 w4"], max_new_tokens=2)
 
