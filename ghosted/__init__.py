@@ -4,7 +4,7 @@ The functions a notebook needs, in the order one uses them::
 
     import ghosted
     lm = ghosted.load()                                   # bundled SmolLM2-135M-Instruct
-    calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)   # calibration windows
+    calib = ghosted.calibrate(lm, calib_seqs=16, seq_len=128)   # calibration windows
     report = ghosted.influence(lm, calib, n_values=[7])     # layer-selection criteria
     drop, why = ghosted.select(report, "recoverability", 7)
     run = ghosted.fit(lm, drop, calib, methods=["ghost"])   # one recovered model per method
@@ -57,9 +57,11 @@ def load(source: str | None = None, **options):
     return load_any(source, **options)
 
 
-def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len: int = 256,
-              seed: int = 0):
-    """Calibration text as ``TokenWindows``: ``n_seqs`` random windows of ``seq_len`` tokens.
+def calibrate(tokenizer, source: str = "bundled:news", calib_seqs: int = 32, seq_len: int = 256,
+              seed: int = 0, **former):
+    """Calibration text as ``TokenWindows``: ``calib_seqs`` random windows of ``seq_len`` tokens (the spec's
+    and the command line's names: ``--calib-seqs``, ``--seq-len``; ``n_seqs`` is read as ``calib_seqs``, with a
+    DeprecationWarning).
 
     ``tokenizer`` may be a ``LoadedModel``. Sources: "bundled:news" (default), "bundled:wiki", a
     plain-text file (any extension) or .jsonl file, or a hub dataset when online. Calibration uses the
@@ -67,18 +69,19 @@ def calibrate(tokenizer, source: str = "bundled:news", n_seqs: int = 32, seq_len
     never share text.
 
     Example:
-        >>> calib = ghosted.calibrate(lm, n_seqs=16, seq_len=128)
+        >>> calib = ghosted.calibrate(lm, calib_seqs=16, seq_len=128)
         >>> calib.input_ids.shape                                # (16, 128)
     """
     from ghosted.experiments import validate
     from ghosted.data.windows import calibration_windows
 
-    validate.check_windows("n_seqs", n_seqs, "seq_len", seq_len)
+    calib_seqs = _former_names(former, {"n_seqs": "calib_seqs"}, "calibrate").get("calib_seqs", calib_seqs)
+    validate.check_windows("calib_seqs", calib_seqs, "seq_len", seq_len)
     validate.check_seed(seed)
     validate.check_source(source, "calibration")
     if _is_loaded(tokenizer):
         validate.check_positions(validate.facts_of_model(tokenizer.model).max_positions, seq_len=seq_len)
-    return calibration_windows(_tokenizer_of(tokenizer), source, n_seqs, seq_len, seed)
+    return calibration_windows(_tokenizer_of(tokenizer), source, calib_seqs, seq_len, seed)
 
 
 def influence(model, windows, heldout=None, progress=None, **config):
@@ -277,39 +280,57 @@ def prune(model, drop):
     return prune_layers(_model_of(model), drop)
 
 
-def evaluate(model, data=None, source: str = "bundled:wiki", tokens: int = 16384, seq_len: int = 512,
-             batch_size: int = 4, calibration_source: str | None = "bundled:news", progress=None):
+def evaluate(model, data=None, source: str = "bundled:wiki", eval_tokens: int = 16384, eval_seq_len: int = 512,
+             batch_size: int = 4, calibration_source: str | None = "bundled:news", progress=None, **former):
     """Perplexity of ``model`` as a ``PerplexityResult`` (ppl, nll, scored tokens, protocol).
 
-    ``data`` is ``TokenWindows``, or a tokenizer / ``LoadedModel`` to cut ``tokens`` tokens of
-    ``source`` into windows of ``seq_len``: its last 20 % when it is also ``calibration_source``
+    ``data`` is ``TokenWindows``, or a tokenizer / ``LoadedModel`` to cut ``eval_tokens`` tokens of
+    ``source`` into windows of ``eval_seq_len`` (the spec's names; ``tokens`` and ``seq_len`` are read as
+    them, with a DeprecationWarning): its last 20 % when it is also ``calibration_source``
     (the default calibration text, bundled:news), else the whole source from its start
     (``protocol["part"]`` says which). ``ghosted.evaluate(lm)``
     evaluates a ``LoadedModel`` on its own tokenizer. ``progress`` receives ``(stage, done, total)``.
 
     Example:
-        >>> print(ghosted.evaluate(run.results["ghost"].model, lm, tokens=4096))
+        >>> print(ghosted.evaluate(run.results["ghost"].model, lm, eval_tokens=4096))
         PPL ... on bundled:wiki (4088 tokens scored, 8 windows of 512, ...)
     """
     from ghosted.experiments import validate
     from ghosted.experiments.session import Session
 
+    renamed = _former_names(former, {"tokens": "eval_tokens", "seq_len": "eval_seq_len"}, "evaluate")
+    eval_tokens, eval_seq_len = renamed.get("eval_tokens", eval_tokens), renamed.get("eval_seq_len", eval_seq_len)
     data = model if data is None else data
     validate.check_count("batch_size", batch_size, 1, validate.MAX_BATCH)
     windows = data if hasattr(data, "input_ids") else None
     texts = {}  # a text given as itself (a TextSource), not by name: the session reads it as given
     if windows is None:
-        validate.check_eval_size(tokens, seq_len, "tokens", "seq_len")
+        validate.check_eval_size(eval_tokens, eval_seq_len)
         validate.check_source(source, "evaluation")
         texts = {key: text for key, text in (("evaluation_text", source), ("calibration_text", calibration_source))
                  if text is not None and not isinstance(text, (str, os.PathLike))}
-    names = {"eval": _text_name(source), "eval_tokens": tokens, "eval_seq_len": seq_len, "batch_size": batch_size,
-             "calib": _text_name(source if calibration_source is None else calibration_source), "cache": False}
+    calib = source if calibration_source is None else calibration_source
+    names = {"eval": _text_name(source), "eval_tokens": eval_tokens, "eval_seq_len": eval_seq_len,
+             "batch_size": batch_size, "calib": _text_name(calib), "cache": False}
     session = Session(_spec_of(names), _with_tokenizer(model, data), progress, **texts)
     if windows is None:
         windows = next(iter(session.evaluation().texts.values()))
     _check_windows(_model_of(model), windows)
     return session.perplexity(_model_of(model), windows)
+
+
+def _former_names(given: dict, former: dict[str, str], function: str) -> dict:
+    """Keywords an earlier version took under another name, under the current one (a DeprecationWarning
+    each); any other keyword is refused, as Python refuses it."""
+    import warnings
+
+    unknown = sorted(set(given) - set(former))
+    if unknown:
+        raise TypeError(f"{function}() got an unexpected keyword argument {unknown[0]!r}")
+    for old in given:
+        warnings.warn(f"ghosted.{function}({old}=...) is now {former[old]}=... (the spec's and the command "
+                      "line's name)", DeprecationWarning, stacklevel=3)
+    return {former[old]: value for old, value in given.items()}
 
 
 def _text_name(text) -> str:

@@ -12,9 +12,10 @@ from __future__ import annotations
 import streamlit as st
 
 FORM = "ghosted.form"  # dict: widget key -> the value a link asked for, not yet shown in its widget
-CALIBRATION_KEYS = ("calib_kind", "calib_path", "calib_dataset", "calib_n", "calib_len", "calib_heldout",
-                    "calib_seed", "calib_methods", "calib_mode", "calib_batch", "calib_granularity")
-EVALUATION_KEYS = ("eval_kind", "eval_path", "eval_dataset", "eval_tokens", "eval_window")
+RUN_SETTINGS = ("calib_seqs", "seq_len", "heldout_seqs", "seed", "methods", "ghost_mode", "batch_size", "granularity")
+EVAL_SETTINGS = ("eval_tokens", "eval_seq_len")  # each widget keyed by its setting's name (the spec's, the link's)
+CALIBRATION_KEYS = ("calib_kind", "calib_path", "calib_dataset", *RUN_SETTINGS)
+EVALUATION_KEYS = ("eval_kind", "eval_path", "eval_dataset", *EVAL_SETTINGS)
 
 
 def text_values(prefix: str, text: str) -> dict:
@@ -28,12 +29,11 @@ def text_values(prefix: str, text: str) -> dict:
 def values_of(link) -> dict:
     """Widget key -> value for every setting ``link`` names (a ``links.Link``)."""
     fit = link.fit
-    values = {**text_values("calib", fit.text), "calib_n": fit.calib_seqs, "calib_len": fit.seq_len,
-              "calib_heldout": fit.heldout_seqs, "calib_seed": fit.seed, "calib_methods": list(fit.methods),
-              "calib_mode": fit.ghost_mode, "calib_batch": fit.batch_size, "calib_granularity": fit.granularity}
+    values = {**text_values("calib", fit.text), **{name: getattr(fit, name) for name in RUN_SETTINGS}}
+    values["methods"] = list(fit.methods)  # a multiselect's value is a list
     if link.evaluation is not None:
         ev = link.evaluation
-        values.update({**text_values("eval", ev.text), "eval_tokens": ev.eval_tokens, "eval_window": ev.eval_seq_len})
+        values.update({**text_values("eval", ev.text), **{name: getattr(ev, name) for name in EVAL_SETTINGS}})
     return values
 
 

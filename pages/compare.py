@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.service.frontend import IntervalConfig, lessons, parse_tasks, workbench as wb
+from ghosted.service.frontend import IntervalConfig, lessons, offered_range, parse_tasks, workbench as wb
 from pages import _assets, _charts, _fidelity, _restore, _text, _ui
 
 LATENCY_TOKENS = wb.LATENCY_TOKENS  # tokens of the prompt timed per variant
@@ -19,10 +19,10 @@ def eval_form(cfg, fit: wb.FitRequest) -> None:
     with st.form("eval_form"):
         text = _text.text_inputs(cfg, kind, "eval")
         left, right = st.columns(2)
-        eval_tokens = left.number_input("Tokens to score", 64, 10_000_000, DEFAULTS.eval_tokens, step=1024,
-                                        key="eval_tokens")
-        eval_seq_len = right.number_input("Window (tokens)", 16, 32768, DEFAULTS.eval_seq_len, step=128,
-                                          key="eval_window")
+        eval_tokens = left.number_input("Tokens to score", *offered_range("eval_tokens"), DEFAULTS.eval_tokens,
+                                        step=1024, key="eval_tokens")
+        eval_seq_len = right.number_input("Window (tokens)", *offered_range("eval_seq_len"), DEFAULTS.eval_seq_len,
+                                          step=128, key="eval_seq_len")
         if cfg.max_eval_tokens:
             st.caption(f"This deployment scores at most {cfg.max_eval_tokens:,} tokens.")
         st.form_submit_button("Evaluate perplexity", type="primary", key="evaluate_run",

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from ghosted.service.frontend import CRITERIA, RECOVERABILITY, num_layers, workbench as wb
+from ghosted.service.frontend import CRITERIA, RECOVERABILITY, num_layers, offered_range, workbench as wb
 from pages import _charts, _text, _ui
 
 REASON, PRESET_ERROR = _ui.REASON, "ghosted.preset_error"
@@ -24,8 +24,10 @@ def influence_form(cfg, n_layers: int) -> None:
     with st.form("influence_form"):
         text = _text.text_inputs(cfg, kind, "influence")
         cols = st.columns(3)
-        calib_seqs = cols[0].number_input("Sequences", 1, 1024, DEFAULTS.calib_seqs, key="influence_seqs")
-        seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="influence_len")
+        calib_seqs = cols[0].number_input("Sequences", *offered_range("calib_seqs"), DEFAULTS.calib_seqs,
+                                          key="influence_calib_seqs")
+        seq_len = cols[1].number_input("Sequence length", *offered_range("seq_len"), DEFAULTS.seq_len, step=64,
+                                       key="influence_seq_len")
         rec_n = cols[2].multiselect("Block sizes n for recoverability", list(range(1, n_layers)),
                                     key="influence_rec_n", default=[min(DEFAULTS.rec_n[0], n_layers - 1)],
                                     help="a ghost fit per block: each n adds memory and time")

@@ -3,7 +3,7 @@
 import streamlit as st
 
 from ghosted.service.frontend import (METHODS, RECOVERY, format_layers, help_text, lessons, num_layers,
-                                          with_role, workbench as wb)
+                                          offered_range, setting_choices, with_role, workbench as wb)
 from pages import _restore, _text, _ui
 
 DEFAULTS = wb.FitRequest()  # the page's defaults: what the precompute script stores
@@ -23,26 +23,27 @@ def settings_form(cfg, model, layers: list[int]) -> None:
     with st.form("calibrate_form"):
         text = _text.text_inputs(cfg, kind, "calib")
         cols = st.columns(4)
-        calib_seqs = cols[0].number_input("Sequences", 1, 4096, DEFAULTS.calib_seqs, key="calib_n",
-                                          help="windows the operators are fitted on")
-        seq_len = cols[1].number_input("Sequence length", 8, 8192, DEFAULTS.seq_len, step=64, key="calib_len")
-        heldout_seqs = cols[2].number_input("Held-out sequences", 0, 1024, DEFAULTS.heldout_seqs,
-                                            key="calib_heldout", help="extra windows never fitted: the held-out errors")
-        seed = cols[3].number_input("Seed", 0, 2**31 - 1, DEFAULTS.seed, key="calib_seed",
+        calib_seqs = cols[0].number_input("Sequences", *offered_range("calib_seqs"), DEFAULTS.calib_seqs,
+                                          key="calib_seqs", help="windows the operators are fitted on")
+        seq_len = cols[1].number_input("Sequence length", *offered_range("seq_len"), DEFAULTS.seq_len, step=64,
+                                       key="seq_len")
+        heldout_seqs = cols[2].number_input("Held-out sequences", *offered_range("heldout_seqs"), DEFAULTS.heldout_seqs,
+                                            key="heldout_seqs", help="extra windows never fitted: the held-out errors")
+        seed = cols[3].number_input("Seed", *offered_range("seed"), DEFAULTS.seed, key="seed",
                                     help="which windows are drawn")
         if cfg.max_calib_tokens:
             st.caption(f"This deployment allows at most {cfg.max_calib_tokens:,} calibration tokens.")
         st.markdown(AUTO_NOTE)
         methods = st.multiselect("Methods to fit (the plainly pruned model is always included)", fittable,
-                                 key="calib_methods", help=METHOD_HELP,
+                                 key="methods", help=METHOD_HELP,
                                  default=[m for m in DEFAULTS.methods if m in fittable])
-        ghost_mode = st.radio("Ghost mode", ["independent", "sequential"], horizontal=True, key="calib_mode",
+        ghost_mode = st.radio("Ghost mode", setting_choices("ghost_mode"), horizontal=True, key="ghost_mode",
                               help="independent: every gap fitted on the dense model (paper); sequential: "
                                    "each gap fitted on the model already pruned and patched upstream")
         with st.expander("Advanced"):
-            batch_size = st.number_input("Batch size (windows per forward pass)", 1, 256, DEFAULTS.batch_size,
-                                         key="calib_batch")
-            granularity = st.radio("Operators", ["auto", "block", "layer"], horizontal=True, key="calib_granularity",
+            batch_size = st.number_input("Batch size (windows per forward pass)", *offered_range("batch_size"),
+                                         DEFAULTS.batch_size, key="batch_size")
+            granularity = st.radio("Operators", setting_choices("granularity"), horizontal=True, key="granularity",
                                    help="one per contiguous block, or one per removed layer")
         st.form_submit_button("Calibrate and fit", type="primary", key="calibrate_run", disabled=_ui.busy(_ui.RUN),
                               on_click=_ui.start_job, args=("calibrate",))

@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     g.add_argument("--n", default="7,11", help="numbers of layers removed, comma list")
     g.add_argument("--methods", default="all", help="'all' or a " + methods_help())
     g.add_argument("--evals", default="bundled:wiki,bundled:news", help="evaluation texts, comma list")
-    add_spec_args(g, ["eval_tokens", "eval_seq_len"], defaults={"eval_tokens": grid_base().evaluation.tokens})
+    add_spec_args(g, ["eval_tokens", "eval_seq_len"], defaults={"eval_tokens": grid_base().evaluation.eval_tokens})
     add_seeds_arg(g, "every cell fitted on each (the layers chosen on the first)")
     add_protocol_args(p)
     add_task_args(p)

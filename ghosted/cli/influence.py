@@ -127,7 +127,7 @@ def check_args(args) -> tuple[ExperimentSpec, list[str], list[int] | None]:
     check_count("sleb_steps", args.sleb_steps, minimum=0)
     if not args.max_gram_gib > 0:
         raise ValueError(f"max_gram_gib (--max-gram-gib) must be above 0; got {args.max_gram_gib}.")
-    metrics = parse_metrics(args.metrics, spec.calibration.heldout > 0)
+    metrics = parse_metrics(args.metrics, spec.calibration.heldout_seqs > 0)
     n_values = None if args.n_values.strip() in ("", "all") else parse_layers(args.n_values)
     _check_n_values(n_values, None)
     return spec, metrics, n_values

@@ -143,7 +143,7 @@ class Session:
 
     def evaluation(self, texts: list[str] | None = None) -> EvaluationWindows:
         """The evaluation windows, drawn once per request: the spec's text or protocol, or (``texts``,
-        the grid's texts) ``evaluation.tokens`` of each of ``texts``, capped to whole windows."""
+        the grid's texts) ``evaluation.eval_tokens`` of each of ``texts``, capped to whole windows."""
         key = tuple(texts or ())
         if key not in self._evaluation:
             self._evaluation[key] = _evaluation_windows(self.spec, self.lm.tokenizer, texts, self.progress,
@@ -328,14 +328,14 @@ def _evaluation_windows(spec: ExperimentSpec, tokenizer, texts, progress, calibr
     ev = spec.evaluation
     calib = calibration_text if calibration_text is not None else spec.calibration.source
     if evaluation_text is not None and not texts and not ev.protocol:  # an uploaded evaluation text
-        windows = evaluation_windows(tokenizer, evaluation_text, ev.tokens, ev.window, calib)
-        return EvaluationWindows({ev.source: windows}, describe_protocol(resolve_protocol("", ev.source, ev.tokens,
-                                                                                          ev.window)))
+        windows = evaluation_windows(tokenizer, evaluation_text, ev.eval_tokens, ev.eval_seq_len, calib)
+        return EvaluationWindows({ev.source: windows}, describe_protocol(resolve_protocol("", ev.source, ev.eval_tokens,
+                                                                                          ev.eval_seq_len)))
     if texts and not ev.protocol:
-        windows = {s: capped_evaluation_windows(tokenizer, s, ev.tokens, ev.window, calib) for s in texts}
-        custom = EvalProtocol("custom", tuple(texts), ev.window, ev.tokens, "texts given with --evals")
+        windows = {s: capped_evaluation_windows(tokenizer, s, ev.eval_tokens, ev.eval_seq_len, calib) for s in texts}
+        custom = EvalProtocol("custom", tuple(texts), ev.eval_seq_len, ev.eval_tokens, "texts given with --evals")
         return EvaluationWindows(windows, describe_protocol(custom))
-    protocol = resolve_protocol(ev.protocol, "" if texts else ev.source, ev.tokens, ev.window)
+    protocol = resolve_protocol(ev.protocol, "" if texts else ev.source, ev.eval_tokens, ev.eval_seq_len)
     say = lines(progress) if texts else None
     windows, skipped = protocol_windows(tokenizer, protocol, say, calibration_source=calib)
     return EvaluationWindows(windows, describe_protocol(protocol, skipped))

@@ -101,30 +101,31 @@ class CalibrationSpec:
 
     source: str = _option("bundled:news", "--calib",  # calibration text (paper: C4 train)
                           "calibration text: " + _TEXT_CHOICES, option="calib")
-    count: int = _option(32, "--calib-seqs",  # windows fitted (paper: 32 for the ghost operator)
-                         "calibration sequences (default 32)")
-    length: int = _option(256, "--seq-len",  # tokens per window (paper: 2048)
-                          "calibration sequence length (default 256)")
-    heldout: int = _option(8, "--heldout-seqs",  # extra windows, never fitted: held-out errors, ghost-auto
-                           "extra calibration windows kept out of the fit for held-out errors (default 8)")
+    calib_seqs: int = _option(32, "--calib-seqs",  # windows fitted (paper: 32 for the ghost operator)
+                              "calibration sequences (default 32)", offered=(1, 4096))
+    seq_len: int = _option(256, "--seq-len",  # tokens per calibration window (paper: 2048)
+                           "calibration sequence length (default 256)", offered=(8, 8192))
+    heldout_seqs: int = _option(8, "--heldout-seqs",  # extra windows, never fitted: held-out errors, ghost-auto
+                                "extra calibration windows kept out of the fit for held-out errors (default 8)",
+                                offered=(0, 1024))
     seed: int = _option(0, "--seed",  # which windows are drawn
-                        "which calibration windows are drawn (default 0)")
+                        "which calibration windows are drawn (default 0)", offered=(0, 2**31 - 1))
     batch_size: int = _option(4, "--batch-size",  # windows per forward pass (calibration and evaluation)
-                              "windows per forward pass (default 4)")
+                              "windows per forward pass (default 4)", offered=(1, 256))
     cache: bool = _option(True, "--no-cache",  # reuse calibration statistics saved earlier, save new ones
                           "compute calibration statistics again instead of reusing (and saving) them; "
                           "see 'python -m ghosted cache'", invert=True, option="cache")
 
     def windows(self, tokenizer, text=None):
-        """(fit windows, held-out windows or None): ``count + heldout`` windows drawn once, the last
-        ``heldout`` kept out of the fit. ``text``: the text itself, when ``source`` only names it (an
+        """(fit windows, held-out windows or None): ``calib_seqs + heldout_seqs`` windows drawn once, the last
+        ``heldout_seqs`` kept out of the fit. ``text``: the text itself, when ``source`` only names it (an
         uploaded file in the app)."""
         from ghosted.data.windows import split_calibration
         from ghosted.data.windows import calibration_windows
 
         drawn = calibration_windows(tokenizer, self.source if text is None else text,
-                                    self.count + self.heldout, self.length, self.seed)
-        return split_calibration(drawn, self.heldout)
+                                    self.calib_seqs + self.heldout_seqs, self.seq_len, self.seed)
+        return split_calibration(drawn, self.heldout_seqs)
 
 
 @dataclass
@@ -135,10 +136,10 @@ class EvaluationSpec:
                           "evaluation text, same choices as --calib (default bundled:wiki); the same source as "
                           "--calib is split (calibration: first 80 %%, evaluation: last 20 %%), another one is "
                           "read whole, from its start", option="eval")
-    tokens: int = _option(16384, "--eval-tokens",  # tokens of evaluation text (paper: the whole test split)
-                          "evaluation tokens (default 16384)")
-    window: int = _option(512, "--eval-seq-len",  # perplexity window (paper: 2048)
-                          "perplexity window (default 512)")
+    eval_tokens: int = _option(16384, "--eval-tokens",  # tokens of evaluation text (paper: the whole test split)
+                               "evaluation tokens (default 16384)", offered=(64, 10_000_000))
+    eval_seq_len: int = _option(512, "--eval-seq-len",  # perplexity window (paper: 2048)
+                                "perplexity window (default 512)", offered=(16, 32768))
     protocol: str = _option("", "--protocol",  # a preset of evaluation.protocols ("paper", "bundled"); "": the above
                             _protocol_help, choices=_protocol_choices)
     tasks: list[str] = _option([], "--tasks",  # zero-shot tasks: "bundled-lastword", lm-eval task names
@@ -277,6 +278,24 @@ FORMER_NAMES = {"mode": "ghost_mode", "replaceme_fold": "fold", "n_seqs": "calib
 # names earlier versions took for these settings: refused, with the name to use instead
 
 
+def offered_range(name: str) -> tuple[int, int]:
+    """(least, most) the app's inputs and links offer for the whole-number setting ``name`` (its field's
+    ``offered`` metadata, declared once beside its flag); what a deployment allows may be less
+    (``ghosted.service.deploy``), what the command line accepts is ``validate``'s bounds."""
+    for _, f in _leaves(ExperimentSpec):
+        if _flat_name(f) == name and "offered" in f.metadata:
+            return f.metadata["offered"]
+    raise KeyError(f"{name} is not a whole-number setting with an offered range")
+
+
+def setting_choices(name: str) -> list[str]:
+    """The choices of the setting ``name`` (its field's ``choices`` metadata)."""
+    for _, f in _leaves(ExperimentSpec):
+        if _flat_name(f) == name and "choices" in f.metadata:
+            return list(_called(f.metadata["choices"]))
+    raise KeyError(f"{name} is not a setting with choices")
+
+
 def flat_flags(spec_class=None) -> dict[str, str]:
     """Every setting's flat name -> its command-line flag (``{"calib_seqs": "--calib-seqs", ...}``), from
     the fields' metadata, so that messages name a setting both ways without a hand-kept map."""
@@ -319,6 +338,7 @@ def _build(cls, data: dict, where: str):
     if not isinstance(data, dict):
         raise TypeError(f"'{where}' of an experiment spec must be a JSON object, not {type(data).__name__}.")
     known = {f.name: f for f in fields(cls)}
+    data = _current_keys(data, FORMER_KEYS.get(where, {}), where)
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ValueError(f"Unknown key(s) in '{where}' of the experiment spec: {', '.join(unknown)}. "
@@ -329,6 +349,20 @@ def _build(cls, data: dict, where: str):
         values[name] = (_build(nested, value, f"{where}.{name}") if is_dataclass(nested)
                         else _file_value(known[name], value, f"{where}.{name}"))
     return cls(**values)
+
+
+# Keys the files of earlier versions gave these fields (same meaning: read under the current name).
+FORMER_KEYS = {"spec.calibration": {"count": "calib_seqs", "length": "seq_len", "heldout": "heldout_seqs"},
+               "spec.evaluation": {"tokens": "eval_tokens", "window": "eval_seq_len"}}
+
+
+def _current_keys(data: dict, former: dict[str, str], where: str) -> dict:
+    """``data`` with each former key under its current name; a file giving both names is refused."""
+    both = sorted(old for old, new in former.items() if old in data and new in data)
+    if both:
+        raise ValueError(f"'{where}' of the experiment spec gives {', '.join(both)} and "
+                         f"{', '.join(former[k] for k in both)}: one setting under two names; keep the second.")
+    return {former.get(key, key): value for key, value in data.items()}
 
 
 def _file_value(f, value, where: str):

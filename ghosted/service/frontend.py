@@ -15,6 +15,7 @@ from ghosted.evaluation.zeroshot import parse_tasks
 from ghosted.service import comparison, lessons, links, precompute, probes, recipes, workbench
 from ghosted.service.deploy import DeployConfig, from_env
 from ghosted.service.jobs import JobQueue, JobStatus
+from ghosted.experiments.spec import offered_range, setting_choices
 from ghosted.experiments.spec_flags import command
 from ghosted.models.architecture import describe, hidden_size, num_layers, removed_share
 from ghosted.models.assets import BUNDLED_MODEL
@@ -31,5 +32,5 @@ __all__ = ["BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQu
            "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
            "TextSource", "available_devices", "command", "comparison", "describe", "eventlog", "format_layers",
            "from_env", "gpu_count", "heap", "help_text", "hidden_size", "label_of", "lessons", "links", "load_any",
-           "num_layers", "parse_tasks", "precompute", "probes", "recipes", "release_gpu_cache", "removed_share",
-           "removed_shares", "save_recovered", "versions", "with_role", "workbench"]
+           "num_layers", "offered_range", "parse_tasks", "precompute", "probes", "recipes", "release_gpu_cache",
+           "removed_share", "removed_shares", "save_recovered", "setting_choices", "versions", "with_role", "workbench"]

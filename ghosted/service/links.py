@@ -18,18 +18,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ghosted.experiments.spec import offered_range, setting_choices
 from ghosted.service import workbench as wb
 from ghosted.service.deploy import DeployConfig
 
-INTS = {  # parameter (short, user-facing) -> (request field: the spec's name, least, most)
-    "n": ("calib_seqs", 1, 4096), "len": ("seq_len", 8, 8192), "heldout": ("heldout_seqs", 0, 1024),
-    "seed": ("seed", 0, 2**31 - 1), "batch": ("batch_size", 1, 256),
-}
-EVAL_INTS = {"tokens": ("eval_tokens", 64, 10_000_000), "window": ("eval_seq_len", 16, 32768)}
-CHOICES = {  # parameter -> (request field, its values)
-    "mode": ("ghost_mode", ("independent", "sequential")), "granularity": ("granularity", ("auto", "block", "layer")),
-}
+# Every parameter is the spec's flat name of its setting (the request's field, the flag, the widget's key);
+# its range and choices are the spec's (``offered_range``, ``setting_choices``), declared once there.
+INTS = ("calib_seqs", "seq_len", "heldout_seqs", "seed", "batch_size")  # the run's whole-number settings
+EVAL_INTS = ("eval_tokens", "eval_seq_len")  # the evaluation's
+CHOICES = ("ghost_mode", "granularity")
 NAMES = ("model", "layers", "methods", "calib", *INTS, *CHOICES, "eval", *EVAL_INTS)  # every parameter
+FORMER = {"n": "calib_seqs", "len": "seq_len", "heldout": "heldout_seqs", "batch": "batch_size", "mode": "ghost_mode",
+          "tokens": "eval_tokens", "window": "eval_seq_len"}  # earlier links' short names, read as the current ones
 
 
 @dataclass(frozen=True)
@@ -49,11 +49,9 @@ def to_query(model_source: str, fit: wb.FitRequest, evaluation: wb.EvalRequest |
     if not all(isinstance(t, str) for t in texts):
         return None
     query = {"model": model_source, "layers": format_layers(list(fit.layers)), "methods": ",".join(fit.methods),
-             "calib": fit.text, **{p: str(getattr(fit, f)) for p, (f, _, _) in INTS.items()},
-             **{p: str(getattr(fit, f)) for p, (f, _) in CHOICES.items()}}
+             "calib": fit.text, **{name: str(getattr(fit, name)) for name in (*INTS, *CHOICES)}}
     if evaluation is not None:
-        sizes = {p: str(getattr(evaluation, f)) for p, (f, _, _) in EVAL_INTS.items()}
-        query.update({"eval": evaluation.text, **sizes})
+        query.update({"eval": evaluation.text, **{name: str(getattr(evaluation, name)) for name in EVAL_INTS}})
     return query
 
 
@@ -63,19 +61,20 @@ def from_query(params: Mapping, model_key: str, n_layers: int, cfg: DeployConfig
     from ghosted.recovery.fitting import METHODS
     from ghosted.recovery.methods import RECOVERY, with_role
 
-    given = {name: _one(params, name) for name in NAMES if name in params}
+    given = {FORMER.get(name, name): _one(params, name) for name in (*FORMER, *NAMES) if name in params}
     if "layers" not in given:
         return None
     try:
         layers = tuple(parse_layers(given["layers"], n_layers))
     except ValueError as err:
         raise ValueError(f"This link's layers are not valid for this model: {err}") from None
-    choices = {f: _int(given, p, lo, hi) for p, (f, lo, hi) in INTS.items() if p in given}
-    for name, (f, allowed) in CHOICES.items():
+    choices = {name: _int(given, name) for name in INTS if name in given}
+    for name in CHOICES:
         if name in given:
+            allowed = setting_choices(name)
             if given[name] not in allowed:
                 raise ValueError(f"This link's {name} must be one of {', '.join(allowed)}.")
-            choices[f] = given[name]
+            choices[name] = given[name]
     if "methods" in given:
         methods = tuple(m for m in given["methods"].split(",") if m)
         unknown = [m for m in methods if m not in with_role(METHODS, RECOVERY)]  # plain pruning is always there
@@ -89,8 +88,8 @@ def from_query(params: Mapping, model_key: str, n_layers: int, cfg: DeployConfig
                         **({"text": given["calib"]} if "calib" in given else {}))
     fit.check(cfg, n_layers)
     evaluation = None
-    if "tokens" in given:
-        sizes = {f: _int(given, p, lo, hi) for p, (f, lo, hi) in EVAL_INTS.items() if p in given}
+    if "eval_tokens" in given:
+        sizes = {name: _int(given, name) for name in EVAL_INTS if name in given}
         evaluation = wb.EvalRequest(fit=fit, **sizes, **({"text": given["eval"]} if "eval" in given else {}))
         evaluation.check(cfg)
     return Link(given.get("model", wb.BUNDLED_MODEL), fit, evaluation)
@@ -104,7 +103,8 @@ def _one(params: Mapping, name: str) -> str:
     return str(value).strip()
 
 
-def _int(given: dict, name: str, least: int, most: int) -> int:
+def _int(given: dict, name: str) -> int:
+    least, most = offered_range(name)
     text = given[name]
     if not text.isdigit() or not least <= int(text) <= most:
         raise ValueError(f"This link's {name} must be a whole number from {least:,} to {most:,}, got {text[:20]!r}.")

@@ -147,10 +147,10 @@ def calibrate(at: AppTest, layers: list[int], methods: list[str], n: int = 4, le
     """Select ``layers`` and run a small calibration on the Calibrate & recover page."""
     at.session_state["ghosted.selection"] = layers
     open_page(at, "recover")
-    at.number_input(key="calib_n").set_value(n)
-    at.number_input(key="calib_len").set_value(length)
-    at.number_input(key="calib_heldout").set_value(heldout)
-    at.multiselect(key="calib_methods").set_value(methods)
+    at.number_input(key="calib_seqs").set_value(n)
+    at.number_input(key="seq_len").set_value(length)
+    at.number_input(key="heldout_seqs").set_value(heldout)
+    at.multiselect(key="methods").set_value(methods)
     return at.button(key="calibrate_run").click().run()
 
 

@@ -45,8 +45,8 @@ def demo(monkeypatch):
 def test_demo_influence_page_refuses_taylor_before_any_work(demo):
     open_page(demo, "influence")
     assert any("does not compute the slow criteria" in c.value for c in demo.caption)
-    demo.number_input(key="influence_seqs").set_value(2)
-    demo.number_input(key="influence_len").set_value(32)
+    demo.number_input(key="influence_calib_seqs").set_value(2)
+    demo.number_input(key="influence_seq_len").set_value(32)
     demo.multiselect(key="influence_metrics").set_value(["block_influence", "taylor"])
     demo.button(key="influence_run").click().run()
     no_exception(demo)

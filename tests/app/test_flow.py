@@ -37,7 +37,7 @@ def _run_flow(at):
     calibrate(at, at.session_state["ghosted.selection"], METHODS)
     open_page(at, "compare")
     at.number_input(key="eval_tokens").set_value(1024)
-    at.number_input(key="eval_window").set_value(256)
+    at.number_input(key="eval_seq_len").set_value(256)
     at.button(key="evaluate_run").click().run()
     return at
 
@@ -165,7 +165,7 @@ def test_export_downloads(flow):
     from ghosted.experiments.spec import ExperimentSpec  # the spec, in the format of `run --out` and `export`
 
     spec = ExperimentSpec.from_dict(recipe["spec"])
-    assert (spec.layers.drop, spec.calibration.count, spec.methods) == ("20-23", 4, ["dense", "none", *METHODS])
+    assert (spec.layers.drop, spec.calibration.calib_seqs, spec.methods) == ("20-23", 4, ["dense", "none", *METHODS])
 
 
 def test_learn_uses_the_run(flow):

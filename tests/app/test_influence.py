@@ -8,8 +8,8 @@ from tests.app.conftest import errors, figures, influence_of, no_exception, open
 @pytest.fixture
 def measured(app):
     open_page(app, "influence")
-    app.number_input(key="influence_seqs").set_value(4)
-    app.number_input(key="influence_len").set_value(64)
+    app.number_input(key="influence_calib_seqs").set_value(4)
+    app.number_input(key="influence_seq_len").set_value(64)
     app.multiselect(key="influence_rec_n").set_value([4])
     app.button(key="influence_run").click().run()
     no_exception(app)
@@ -81,8 +81,8 @@ def test_every_criterion_comes_from_one_influence_call_with_recoverability_token
 
     chosen = ["streamline_cosine", "block_influence", "recoverability_token", "recoverability_heldout"]
     open_page(app, "influence")
-    app.number_input(key="influence_seqs").set_value(4)
-    app.number_input(key="influence_len").set_value(64)
+    app.number_input(key="influence_calib_seqs").set_value(4)
+    app.number_input(key="influence_seq_len").set_value(64)
     app.multiselect(key="influence_rec_n").set_value([4])
     app.multiselect(key="influence_metrics").set_value(chosen)
     app.button(key="influence_run").click().run()

@@ -33,8 +33,8 @@ def session(monkeypatch) -> AppTest:
 def small_influence(at: AppTest) -> AppTest:
     """The Influence form with a small, quick measurement (the same in every session)."""
     open_page(at, "influence")
-    at.number_input(key="influence_seqs").set_value(4)
-    at.number_input(key="influence_len").set_value(32)
+    at.number_input(key="influence_calib_seqs").set_value(4)
+    at.number_input(key="influence_seq_len").set_value(32)
     at.multiselect(key="influence_metrics").set_value(["block_influence"])
     return at
 
@@ -128,9 +128,9 @@ def test_a_released_result_comes_back_from_disk_or_is_computed_again(monkeypatch
     small_influence(at).button(key="influence_run").click().run()
     at.multiselect(key="influence_layers").set_value([20, 21]).run()
     open_page(at, "recover")
-    for key, value in (("calib_n", 4), ("calib_len", 64), ("calib_heldout", 2)):
+    for key, value in (("calib_seqs", 4), ("seq_len", 64), ("heldout_seqs", 2)):
         at.number_input(key=key).set_value(value)
-    at.multiselect(key="calib_methods").set_value(["ghost"])
+    at.multiselect(key="methods").set_value(["ghost"])
     at.button(key="calibrate_run").click().run()
     first = run_of(at)
     assert first is not None and first.layers == [20, 21]
@@ -186,16 +186,16 @@ def test_a_link_shows_its_settings_in_the_forms_of_its_pages(monkeypatch):
     no_exception(at)
     open_page(at, "recover")
     no_exception(at)
-    asked = {key: at.number_input(key=key).value for key in ("calib_n", "calib_len", "calib_heldout", "calib_seed")}
-    assert asked == {"calib_n": 4, "calib_len": 64, "calib_heldout": 2, "calib_seed": 3}
-    assert at.multiselect(key="calib_methods").value == ["ghost"]
-    assert at.radio(key="calib_mode").value == "sequential" and at.radio(key="calib_kind").value == "bundled:wiki"
+    asked = {key: at.number_input(key=key).value for key in ("calib_seqs", "seq_len", "heldout_seqs", "seed")}
+    assert asked == {"calib_seqs": 4, "seq_len": 64, "heldout_seqs": 2, "seed": 3}
+    assert at.multiselect(key="methods").value == ["ghost"]
+    assert at.radio(key="ghost_mode").value == "sequential" and at.radio(key="calib_kind").value == "bundled:wiki"
     assert not [w.proto.body for w in at.warning if "Session State API" in w.proto.body]
     open_page(at, "compare")
     no_exception(at)
-    assert (at.number_input(key="eval_tokens").value, at.number_input(key="eval_window").value) == (256, 128)
+    assert (at.number_input(key="eval_tokens").value, at.number_input(key="eval_seq_len").value) == (256, 128)
     open_page(at, "recover")  # shown once: the user's own changes are not overwritten on return
-    at.number_input(key="calib_n").set_value(8).run()
+    at.number_input(key="calib_seqs").set_value(8).run()
     open_page(at, "compare")
     open_page(at, "recover")
     assert _restore.FORM in at.session_state and not at.session_state[_restore.FORM]

@@ -35,7 +35,7 @@ def fingerprint(model) -> dict:
 def evaluate(at: AppTest) -> AppTest:
     open_page(at, "compare")
     at.number_input(key="eval_tokens").set_value(1024)
-    at.number_input(key="eval_window").set_value(256)
+    at.number_input(key="eval_seq_len").set_value(256)
     return at.button(key="evaluate_run").click().run()
 
 

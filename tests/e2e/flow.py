@@ -152,8 +152,8 @@ def model_page(page, shots: Path) -> None:
 
 def influence_click_and_preset(page, shots: Path) -> None:
     go(page, "Influence")
-    fill(page, "influence_seqs", 8)
-    fill(page, "influence_len", 64)
+    fill(page, "influence_calib_seqs", 8)
+    fill(page, "influence_seq_len", 64)
     click(page, "influence_run")
     bars = page.locator(".st-key-influence_bars .trace.bars .point path")
     expect(bars).to_have_count(30, timeout=RUN_TIMEOUT_MS)
@@ -183,7 +183,7 @@ def calibrate_and_recover(page, shots: Path) -> None:
 def compare(page, shots: Path) -> None:
     go(page, "Compare")
     fill(page, "eval_tokens", 1024)
-    fill(page, "eval_window", 256)
+    fill(page, "eval_seq_len", 256)
     click(page, "evaluate_run")
     expect(page.get_by_text("Protocol")).to_be_visible(timeout=RUN_TIMEOUT_MS)
     wait_idle(page)

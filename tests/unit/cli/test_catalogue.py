@@ -205,8 +205,8 @@ API_CASES = [
     ApiCase("fit no windows", lambda m, d: ghosted.fit(m, "2", windows(0), ["ghost"]), ValueError, ["no window"]),
     ApiCase("fit windows beyond positions", lambda m, d: ghosted.fit(m, "2", windows(2, 200), ["ghost"]),
             ValueError, ["200", "128 positions"]),
-    ApiCase("calibrate n_seqs 0", lambda m, d: ghosted.calibrate(NoTokenizer(), n_seqs=0), ValueError,
-            ["n_seqs", "at least 1"]),
+    ApiCase("calibrate calib_seqs 0", lambda m, d: ghosted.calibrate(NoTokenizer(), calib_seqs=0), ValueError,
+            ["calib_seqs", "at least 1"]),
     ApiCase("calibrate float length", lambda m, d: ghosted.calibrate(NoTokenizer(), seq_len=64.0), TypeError,
             ["seq_len", "whole number"]),
     ApiCase("calibrate seed too large", lambda m, d: ghosted.calibrate(NoTokenizer(), seed=2**32), ValueError,
@@ -219,7 +219,8 @@ API_CASES = [
             ["not found", "missing.cor"]),
     ApiCase("evaluate batch size 0", lambda m, d: ghosted.evaluate(m, windows(), batch_size=0), ValueError,
             ["batch_size"]),
-    ApiCase("evaluate tokens below a window", lambda m, d: ghosted.evaluate(m, NoTokenizer(), tokens=64, seq_len=128),
+    ApiCase("evaluate tokens below a window", lambda m, d: ghosted.evaluate(m, NoTokenizer(), eval_tokens=64,
+                                                                                  eval_seq_len=128),
             ValueError, ["less than one window"]),
     ApiCase("evaluate beyond positions", lambda m, d: ghosted.evaluate(m, windows(1, 256)), ValueError,
             ["256", "max_position_embeddings"]),
@@ -270,8 +271,8 @@ def calibrate_with_path(path_of):
         at.switch_page("pages/recover.py").run()
         at.radio(key="calib_kind").set_value("path").run()
         at.text_input(key="calib_path").set_value(str(path_of(folder)))
-        at.number_input(key="calib_n").set_value(2)
-        at.number_input(key="calib_len").set_value(16)
+        at.number_input(key="calib_seqs").set_value(2)
+        at.number_input(key="seq_len").set_value(16)
         return at.button(key="calibrate_run").click().run()
     return act
 

@@ -122,13 +122,13 @@ CTRL_C_SCRIPT = """
 import sys
 from ghosted.experiments import run as pipeline
 from ghosted.experiments import session as engine
-from ghosted.cli import main, run
+from ghosted.cli import main
 from tests.tiny import tiny_loaded
 
 def interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
-run.load_from_args = lambda *_: tiny_loaded(6)
+engine.load_spec_model = lambda *_: tiny_loaded(6)
 engine.perplexities = interrupt
 sys.exit(main(sys.argv[1:]))
 """

@@ -30,9 +30,9 @@ def write_recipe(folder: Path, spec: dict) -> Path:
 FIELD_CASES = [
     ("calibration", "cache", "no", TypeError, r"calibration\.cache' \(--no-cache\).*true or false"),
     ("recovery", "fold", "false", TypeError, r"recovery\.fold' \(--no-fold\).*true or false"),
-    ("calibration", "count", "32", TypeError, r"calibration\.count' \(--calib-seqs\).*whole number"),
-    ("calibration", "count", None, TypeError, r"calibration\.count' \(--calib-seqs\).*not null"),
-    ("calibration", "count", 32.0, TypeError, "whole number"),
+    ("calibration", "calib_seqs", "32", TypeError, r"calibration\.calib_seqs' \(--calib-seqs\).*whole number"),
+    ("calibration", "calib_seqs", None, TypeError, r"calibration\.calib_seqs' \(--calib-seqs\).*not null"),
+    ("calibration", "calib_seqs", 32.0, TypeError, "whole number"),
     ("calibration", "seed", True, TypeError, "whole number"),
     ("recovery", "ghost_mode", "paralel", ValueError, r"ghost_mode' \(--ghost-mode\) .*'paralel'; choose from "
                                                       "independent, sequential"),

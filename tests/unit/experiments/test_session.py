@@ -97,7 +97,7 @@ def test_every_save_of_a_session_fit_writes_its_spec(tmp_path):
     run = ghosted.fit(tiny_loaded(6), "2-3", methods=["ghost"], calib_seqs=4, seq_len=32, heldout_seqs=2)
     ghosted.save(run.results["ghost"].model, tmp_path / "drawn", recipe=run)
     spec = load_spec(tmp_path / "drawn")
-    assert spec.layers.drop == "2-3" and spec.methods == ["ghost"] and spec.calibration.count == 4
+    assert spec.layers.drop == "2-3" and spec.methods == ["ghost"] and spec.calibration.calib_seqs == 4
     ids = random_ids(4, 16)  # (4, 16)
     by_hand = ghosted.fit(tiny_model("llama"), "2-3", TokenWindows(ids, torch.ones_like(ids), {}), ["ghost"])
     # no spec draws windows given by hand
@@ -126,13 +126,13 @@ def test_a_fit_on_calibrated_windows_saves_a_spec_that_draws_them_again(tmp_path
     from ghosted.experiments.spec import load_spec
 
     lm = tiny_loaded(6)
-    calib = ghosted.calibrate(lm, "bundled:news", n_seqs=3, seq_len=24, seed=5)
+    calib = ghosted.calibrate(lm, "bundled:news", calib_seqs=3, seq_len=24, seed=5)
     run = ghosted.fit(lm, "2-3", calib, methods=["ghost"])
     ghosted.save(run.results["ghost"].model, tmp_path / "fitted", recipe=run)
     spec = load_spec(tmp_path / "fitted")
     assert (spec.model.source, spec.layers.drop, spec.methods) == ("tiny", "2-3", ["ghost"])
-    assert (spec.calibration.count, spec.calibration.length, spec.calibration.heldout, spec.calibration.seed) == \
-        (3, 24, 0, 5)
+    cal = spec.calibration
+    assert (cal.calib_seqs, cal.seq_len, cal.heldout_seqs, cal.seed) == (3, 24, 0, 5)
     again = Session(spec, lm).calibration()
     assert again.heldout is None and again.fit.input_ids.equal(calib.input_ids)  # the very windows it was fitted on
     rerun = Session(spec, lm).fit()
@@ -147,7 +147,7 @@ def test_a_recipe_without_a_spec_says_what_it_lacks(tmp_path):
     from ghosted.operators.checkpoint import NO_SPEC
 
     lm = tiny_loaded(6)
-    fit, held = ghosted.calibrate(lm, n_seqs=3, seq_len=24), ghosted.calibrate(lm, n_seqs=2, seq_len=24, seed=9)
+    fit, held = ghosted.calibrate(lm, calib_seqs=3, seq_len=24), ghosted.calibrate(lm, calib_seqs=2, seq_len=24, seed=9)
     run = ghosted.fit(lm, "2-3", fit, methods=["ghost"], heldout=held)  # two draws: no spec makes them
     ghosted.save(run.results["ghost"].model, tmp_path / "two-draws", recipe=run)
     with pytest.raises(ValueError, match="no spec draws again"):

@@ -34,7 +34,8 @@ def test_json_round_trip_gives_the_same_spec():
     spec = changed_spec()
     data = json.loads(json.dumps(spec.to_dict()))
     assert data["spec_version"] == 1
-    assert data["calibration"]["count"] == 7 and data["recovery"]["eps"] == 0.25 and data["layers"]["drop"] == "3,5-6"
+    assert data["calibration"]["calib_seqs"] == 7 and data["recovery"]["eps"] == 0.25
+    assert data["layers"]["drop"] == "3,5-6"
     with pytest.warns(UserWarning, match="trust_remote_code.*never taken from a file"):
         back = ExperimentSpec.from_dict(data)
     assert back == spec.with_options(trust_remote_code=False)  # only the command line, the API or the app turn it on
@@ -43,16 +44,16 @@ def test_json_round_trip_gives_the_same_spec():
 
 def test_defaults_are_the_run_defaults():
     spec = ExperimentSpec()
-    assert (spec.calibration.count, spec.calibration.length, spec.calibration.heldout, spec.calibration.seed) == (
-        32, 256, 8, 0)
-    assert (spec.evaluation.source, spec.evaluation.tokens, spec.evaluation.window) == ("bundled:wiki", 16384, 512)
+    cal, ev = spec.calibration, spec.evaluation
+    assert (cal.calib_seqs, cal.seq_len, cal.heldout_seqs, cal.seed) == (32, 256, 8, 0)
+    assert (ev.source, ev.eval_tokens, ev.eval_seq_len) == ("bundled:wiki", 16384, 512)
     assert spec.methods == ["dense", "none", "ghost-auto"] and spec.recovery.eps == 1e-6
     assert spec.calibration.cache is True and spec.recovery.fold is True and spec.layers.drop == ""
 
 
 @pytest.mark.parametrize("data, key", [
     ({"spec_version": 1, "calibrations": {}}, "calibrations"),
-    ({"spec_version": 1, "calibration": {"count": 4, "windows": 8}}, "windows"),
+    ({"spec_version": 1, "calibration": {"calib_seqs": 4, "windows": 8}}, "windows"),
     ({"spec_version": 1, "recovery": {"epsilon": 1.0}}, "epsilon"),
 ])
 def test_unknown_keys_are_refused_by_name(data, key):
@@ -92,7 +93,7 @@ def test_given_flags_reach_their_fields():
                                         "--eps", "0.5", "--rank", "3", "--trust-remote-code", "--no-fold",
                                         "--methods", "none, ghost", "--protocol", "bundled"])
     spec = spec_from_args(args)
-    assert spec.calibration.count == 7 and spec.calibration.cache is False
+    assert spec.calibration.calib_seqs == 7 and spec.calibration.cache is False
     assert spec.evaluation.tasks == ["bundled-lastword", "x"] and spec.evaluation.protocol == "bundled"
     assert (spec.recovery.eps, spec.recovery.rank, spec.recovery.fold) == (0.5, 3, False)
     assert spec.model.trust_remote_code is True and spec.methods == ["none", "ghost"]
@@ -115,7 +116,7 @@ def test_flags_given_over_a_recipe_override_only_themselves():
 def test_a_parser_without_recording_can_still_be_read():
     p = argparse.ArgumentParser()
     add_spec_args(p, ["calib_seqs"], defaults={"calib_seqs": 9})
-    assert spec_from_args(p.parse_args([])).calibration.count == 9
+    assert spec_from_args(p.parse_args([])).calibration.calib_seqs == 9
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +124,7 @@ def first_run(tmp_path_factory, bundled):
     """``run --out a.json`` on the bundled model with small settings."""
     out = tmp_path_factory.mktemp("spec") / "a.json"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("ghosted.cli.run.load_from_args", _bundled_loader(bundled))
+        patch.setattr("ghosted.experiments.session.load_spec_model", _bundled_loader(bundled))
         assert main(["run", *SMALL, "--methods", "dense,ghost", "--out", str(out)]) == 0
     return out, json.loads(out.read_text())
 
@@ -143,7 +144,7 @@ def test_a_results_json_reruns_to_identical_perplexities(first_run, tmp_path, mo
     a_path, a = first_run
     assert ExperimentSpec.from_dict(a["spec"]) == spec_from_args(parser_of("run").parse_args(
         [*SMALL, "--methods", "dense,ghost"]))
-    monkeypatch.setattr("ghosted.cli.run.load_from_args", _bundled_loader(bundled))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", _bundled_loader(bundled))
     b_path = tmp_path / "b.json"
     assert main(["run", "--recipe", str(a_path), "--no-cache", "--out", str(b_path)]) == 0
     b = json.loads(b_path.read_text())
@@ -160,7 +161,7 @@ def test_an_exported_recipe_reruns_to_identical_perplexities(first_run, tmp_path
     saved = json.loads((folder / "ghosted_recipe.json").read_text())
     assert saved["spec"]["methods"] == ["ghost"] and saved["spec"]["layers"]["drop"] == "20-21"
     assert saved["spec"]["calibration"] == a["spec"]["calibration"]
-    monkeypatch.setattr("ghosted.cli.run.load_from_args", _bundled_loader(bundled))
+    monkeypatch.setattr("ghosted.experiments.session.load_spec_model", _bundled_loader(bundled))
     c_path = tmp_path / "c.json"
     assert main(["run", "--recipe", str(folder / "ghosted_recipe.json"), "--eval-tokens", "256",
                  "--eval-seq-len", "128", "--out", str(c_path)]) == 0
@@ -188,3 +189,26 @@ def test_the_api_runs_a_spec_as_the_command_line_does():
     by_api, _ = ghosted.run(model=tiny_loaded(6), **options)
     by_spec, _ = run_experiment(spec, loaded=tiny_loaded(6))
     assert _ppl(by_api) == _ppl(by_spec) and by_api["spec"] == spec.to_dict()
+
+
+def test_a_file_of_an_earlier_version_reads_under_the_current_names():
+    old = {"spec_version": 1, "calibration": {"count": 4, "length": 64, "heldout": 2},
+           "evaluation": {"tokens": 2048, "window": 128}}
+    spec = ExperimentSpec.from_dict(old)
+    assert spec.options()["calib_seqs"] == 4 and spec.calibration.seq_len == 64 and spec.calibration.heldout_seqs == 2
+    assert (spec.evaluation.eval_tokens, spec.evaluation.eval_seq_len) == (2048, 128)
+    assert "count" not in spec.to_dict()["calibration"] and spec.to_dict()["calibration"]["calib_seqs"] == 4
+    with pytest.raises(ValueError, match="two names"):
+        ExperimentSpec.from_dict({"spec_version": 1, "calibration": {"count": 4, "calib_seqs": 5}})
+
+
+def test_each_setting_has_one_name_from_flag_to_field():
+    from dataclasses import fields
+
+    from ghosted.experiments.spec import _leaves
+
+    for path, f in _leaves(ExperimentSpec):  # a field's name is its flat name, or its section's source
+        flat = f.metadata.get("option") or f.metadata["flag"].lstrip("-").replace("-", "_")
+        assert f.name == flat or (f.name == "source" and flat in ("model", "calib", "eval")), (path, flat)
+    assert [f.name for f in fields(ExperimentSpec().calibration)][:4] == ["source", "calib_seqs", "seq_len",
+                                                                         "heldout_seqs"]

@@ -88,8 +88,8 @@ SECTIONS = ["model", "calibration", "evaluation", "layers", "recovery", "methods
 @given(st.sampled_from(LEAVES + [(name,) for name in SECTIONS]), JSON)
 @example(("calibration", "cache"), "no")
 @example(("recovery", "fold"), "false")
-@example(("calibration", "count"), "32")
-@example(("calibration", "count"), None)
+@example(("calibration", "calib_seqs"), "32")
+@example(("calibration", "calib_seqs"), None)
 @example(("recovery", "ghost_mode"), "paralel")
 @example(("model", "trust_remote_code"), True)
 def test_a_real_spec_with_any_field_changed_is_a_valid_spec_or_a_refusal(path, value):
@@ -143,7 +143,7 @@ def test_a_mutated_recipe_file_loads_as_a_valid_spec_or_is_refused(name, data):
 
 @examples("cli_recipe_mutated")
 @given(st.sampled_from([p for p in LEAVES if p[0] != "model"]), JSON)
-@example(("calibration", "count"), "32")
+@example(("calibration", "calib_seqs"), "32")
 @example(("evaluation", "source"), "/dev/zero")
 def test_run_recipe_dry_run_exits_0_or_2_with_one_line(path, value):
     """A colleague's recipe with any field changed: the command line plans it or refuses it in one line."""

@@ -62,8 +62,8 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
     lm, result = tiny_grid
     cfg = small_config()
     for source in cfg.evals:
-        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.base.evaluation.tokens,
-                                            cfg.base.evaluation.window, cfg.base.calibration.source)
+        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.base.evaluation.eval_tokens,
+                                            cfg.base.evaluation.eval_seq_len, cfg.base.calibration.source)
         rows = result.frame[result.frame["eval"] == source]
         dense = perplexity(lm.model, windows, batch_size=2).ppl
         # the grid's shared evaluation runs the same float32 ops as evaluating alone (same machine, same
@@ -148,6 +148,7 @@ def test_cli_builds_the_config(monkeypatch, tmp_path, capsys):
                  "--eval-tokens", "1024", "--calib-seqs", "8", "--out-dir", str(tmp_path)])
     assert code == 0
     cfg = seen["cfg"]
-    assert (cfg.selections, cfg.n_values, cfg.base.methods, cfg.base.evaluation.tokens, cfg.base.calibration.count) == (
+    base = cfg.base
+    assert (cfg.selections, cfg.n_values, base.methods, base.evaluation.eval_tokens, base.calibration.calib_seqs) == (
         ["shortgpt"], [7], ["dense", "ghost"], 1024, 8)
     assert (tmp_path / "grid.md").exists() and "3.00" in capsys.readouterr().out

@@ -5,10 +5,11 @@ calibration check and the links' fields speak the spec's flat names (``calib_seq
 ``ghost_mode``, ``fold``, ``batch_size``, ``eval_tokens``, ...); validate's messages take each flag from the
 spec's metadata. A name that is no spec setting is listed below with the reason it stands apart.
 
-Not checked here, on purpose: ``ghosted.calibrate(n_seqs=...)``, ``ghosted.evaluate(tokens=...)`` and
-``ghosted.data.windows`` draw any windows (calibration, held-out, evaluation), so their arguments name
-windows, not a setting; the nested spec fields (``calibration.count``, ``calibration.heldout``) are the
-saved recipes' JSON keys, each carrying its flat name in its metadata.
+``ghosted.calibrate`` and ``ghosted.evaluate`` take the same names (``calib_seqs``, ``seq_len``,
+``eval_tokens``, ``eval_seq_len``; their former ``n_seqs``, ``tokens`` and ``seq_len`` are read with a
+DeprecationWarning), and the nested spec fields are the flat names too (a section's text is its ``source``).
+Not checked here, on purpose: ``ghosted.data.windows`` draws any windows (calibration, held-out, evaluation),
+so its arguments name windows, not a setting.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ NOT_SETTINGS = {  # keyword or field -> why it is no spec setting
     "progress": "a callback, not a setting",
     "windows": "ghosted.fit's calibration windows given instead of drawn (the spec's calib names a text)",
     "heldout": "ghosted.fit's held-out windows given beside them (their number is heldout_seqs)",
+    "tokenizer": "ghosted.calibrate's tokenizer (or LoadedModel)",
+    "data": "ghosted.evaluate's windows, or the tokenizer to draw them with",
+    "source": "the text ghosted.calibrate / ghosted.evaluate read (the spec's calib / eval)",
+    "calibration_source": "the calibration text ghosted.evaluate splits its source against (the spec's calib)",
     "text": "a request's text: a source name or an uploaded TextSource (the spec's calib/eval are names)",
     "layers": "the layers a request drops, as numbers (the spec's drop is their text, '20-26')",
     "fit": "the run a measurement is made on (a nested request)",
@@ -48,6 +53,7 @@ NOT_SETTINGS = {  # keyword or field -> why it is no spec setting
 SAME_NAME_OTHER_FORM = {  # spec names a keyword or field takes in another form, with the same meaning
     ("fit", "model"): "the model itself (a LoadedModel or module) instead of its source",
     ("run", "model"): "the model's source, or a LoadedModel instead of it",
+    ("evaluate", "model"): "the model itself (a LoadedModel or module) instead of its source",
     ("FitRequest", "model"): "the loaded model's key (its source, dtype and device)",
     ("InfluenceRequest", "model"): "the loaded model's key",
     ("FitRequest", "methods"): "the recovery methods; 'dense' and 'none' are always added",
@@ -77,6 +83,26 @@ def test_the_api_keywords_are_the_specs_names(function):
     assert set(_keywords(function)) & FLAT <= shared  # no keyword takes a setting's name for something else
 
 
+@pytest.mark.parametrize("function, settings", [
+    (ghosted.calibrate, {"calib_seqs", "seq_len", "seed"}),
+    (ghosted.evaluate, {"eval_tokens", "eval_seq_len", "batch_size"}),
+], ids=["calibrate", "evaluate"])
+def test_the_window_functions_take_the_settings_by_the_specs_names(function, settings):
+    assert not _strays(_keywords(function), function.__name__)
+    other_form = {name for owner, name in SAME_NAME_OTHER_FORM if owner == function.__name__}
+    assert set(_keywords(function)) & FLAT - other_form == settings  # each meant as the spec means it
+
+
+@pytest.mark.parametrize("call, old, new", [
+    (lambda: ghosted.calibrate(tiny_model("llama"), n_seqs=0), "calibrate(n_seqs", "calib_seqs"),
+    (lambda: ghosted.evaluate(tiny_model("llama"), tiny_model("llama"), tokens=0), "evaluate(tokens", "eval_tokens"),
+])
+def test_a_former_keyword_of_the_api_is_read_with_a_deprecation_warning(call, old, new):
+    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)}=\.\.\.\) is now {new}"), \
+            pytest.raises((ValueError, TypeError), match=new):
+        call()  # read under the new name: the value 0 is refused by that name
+
+
 def test_a_setting_passed_to_fit_by_its_name_reaches_the_spec():
     """``calib`` is the text windows are drawn from (the spec's), never the windows themselves."""
     with pytest.raises(TypeError, match="Without `windows`"):  # taken as the setting: drawing needs a tokenizer
@@ -100,9 +126,8 @@ def test_the_exceptions_are_few_and_do_not_shadow_a_setting():
 
 def test_the_deployments_calibration_check_and_the_links_speak_the_specs_names():
     assert set(_keywords(DeployConfig.check_calibration)) - {"self"} <= FLAT
-    targets = [f for f, _, _ in (*links.INTS.values(), *links.EVAL_INTS.values())]
-    targets += [f for f, _ in links.CHOICES.values()]
-    assert set(targets) <= FLAT
+    targets = [*links.INTS, *links.EVAL_INTS, *links.CHOICES]  # a link's parameters: the settings' own names
+    assert set(targets) <= FLAT and set(links.FORMER.values()) <= set(targets)
     assert set(targets) <= {f.name for r in (wb.FitRequest, wb.EvalRequest) for f in fields(r)}
 
 
@@ -121,7 +146,7 @@ def test_a_former_name_is_refused_with_the_name_to_use(old):
 
 SPELLINGS = {  # pattern of a former spelling -> files (under ghosted/ and pages/) allowed it, and why
     r"\bn_seqs\b": {
-        "ghosted/__init__.py": "ghosted.calibrate draws any windows: n_seqs is their number, not a setting",
+        "ghosted/__init__.py": "ghosted.calibrate reads its former keyword, with a DeprecationWarning",
         "ghosted/data/windows.py": "calibration_windows draws any windows (fit and held-out together)",
         "ghosted/experiments/spec.py": "FORMER_NAMES, which refuses it with the name to use",
     },
