@@ -73,3 +73,17 @@ def test_dry_run_prints_the_layerwise_memory_plan(folder, capsys):
     assert "layer-wise: 6 layers of up to" in out
     assert "calibration: 32 windows in 1 group(s)" in out and "perplexity x3: 8 windows" in out
     assert "peak ~" in out and "at 1,000 MB/s" in out
+
+
+@pytest.mark.parametrize("command", [["influence", "--out-dir", "{tmp}/influence"],
+                                     ["export", "--drop", "2-3", "--method", "ghost", "--out", "{tmp}/export"]])
+def test_commands_not_on_the_layerwise_path_refuse_with_one_line(folder, tmp_path, capsys, command):
+    from ghosted.cli import main
+
+    args = [part.format(tmp=tmp_path) for part in command]
+    code = main([args[0], "--model", folder, "--layerwise", "--calib-seqs", "4", "--seq-len", "32", "--quiet",
+                 *args[1:]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "without --layerwise" in err[0] or "without layerwise" in err[0]
+    assert not (tmp_path / "export").exists()
