@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 import streamlit as st
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
-from ghosted.service.frontend import (DeployConfig, JobQueue, LoadedModel, Progress, describe, from_env,
+from ghosted.service.frontend import (DeployConfig, admit, JobQueue, LoadedModel, Progress, describe, from_env,
                                          heap, links, load_any, num_layers, precompute, release_gpu_cache,
                                          workbench as wb)
 from pages import _restore
@@ -66,6 +66,9 @@ def open_link() -> None:
         lm = load(spec)
         switch_model(spec)
         link = links.from_query(params, current_key(), num_layers(lm.model), deployment())
+        for request in (link.fit, link.evaluation):
+            if request is not None:
+                admit(request, lm, deployment())  # refused at once, before anything is queued
     except USER_ERRORS as err:
         st.error(f"This link could not be opened. {err}", icon=":material/link_off:")
         return
@@ -111,8 +114,14 @@ def load_cached(source: str, dtype: str, device: str, device_map: str | None,
     """One model for the whole server, keyed on every argument that changes it. Never mutate it."""
     loaded = load_any(source, dtype=dtype, device=device, device_map=device_map,
                       trust_remote_code=trust_remote_code)  # a saved recovered folder keeps its operators
+    spec = {"source": source, "dtype": dtype, "device": device, "device_map": device_map,
+            "trust_remote_code": trust_remote_code}
+    _IDENTITIES[wb.model_key(spec)] = wb.local_identity(loaded)  # what is on disk now, as it was loaded
     heap.freeze_long_lived()  # collections after every page run stay cheap (ghosted.core.heap)
     return loaded
+
+
+_IDENTITIES: dict[str, dict | None] = {}  # model key -> the content identity of the model loaded under it
 
 
 def check_spec(spec: dict, cfg: DeployConfig) -> None:
@@ -121,8 +130,10 @@ def check_spec(spec: dict, cfg: DeployConfig) -> None:
 
 
 def load(spec: dict) -> LoadedModel:
-    """Check ``spec`` against the deployment, load it (cached) and record the badge facts."""
+    """Check ``spec`` against the deployment, load it (cached under its canonical arguments) and record the
+    badge facts."""
     check_spec(spec, deployment())
+    spec = wb.canonical_model(spec, deployment())
     loaded = load_cached(**spec)
     facts = describe(loaded.model)
     st.session_state[INFO] = {"key": model_key(spec), "name": loaded.name, "device": loaded.device,
@@ -143,13 +154,16 @@ def require_model() -> LoadedModel:
 
 
 def current_key() -> str:
-    """Key of the model this session works on (results are tagged with it)."""
-    return model_key(st.session_state.get(MODEL, DEFAULT_SPEC))
+    """Key of the model this session works on (results are tagged with it): its load arguments and, for a
+    model from the server's disk, the content identity of what was loaded (not its path alone)."""
+    spec = st.session_state.get(MODEL, DEFAULT_SPEC)
+    return model_key(spec, _IDENTITIES.get(model_key(spec)))
 
 
 def switch_model(spec: dict) -> None:
-    """Make ``spec`` the current model; results of another model are dropped."""
-    if model_key(spec) != current_key():
+    """Make ``spec`` the current model (under its canonical arguments); results of another model are dropped."""
+    spec = wb.canonical_model(spec, deployment())
+    if model_key(spec) != model_key(st.session_state.get(MODEL, DEFAULT_SPEC)):
         for key in RESULTS:
             st.session_state.pop(key, None)
         st.session_state[SELECTION] = []
@@ -173,7 +187,7 @@ def backend() -> JobQueue:
         if _BACKEND is None:
             cfg = backend_settings()
             store = wb.shared_store(max_entries=cfg.shared_results, idle_s=cfg.idle_release_s)
-            _BACKEND = JobQueue(store, alive=session_alive)
+            _BACKEND = JobQueue(store, alive=session_alive, max_owner_jobs=cfg.max_visitor_jobs)
         return _BACKEND
 
 
@@ -192,13 +206,21 @@ def owner() -> str:
 
 
 def session_alive(owner_id: str) -> bool:
-    """False once the browser session has gone (a closed tab); True where no server runs (tests) and for
-    the server's own warm-up jobs."""
+    """False once the browser session has expired: connected, or disconnected but still kept for a reconnect
+    (Streamlit keeps a dropped session's state for a while, so a few seconds' network drop keeps its jobs;
+    a closed tab gives its place up when the session is forgotten). True where no server runs (tests) and
+    for the server's own warm-up jobs."""
     from streamlit.runtime import Runtime
 
     if owner_id == WARM_OWNER:
         return True
-    return not Runtime.exists() or Runtime.instance().is_active_session(owner_id.rsplit("/", 1)[0])
+    if not Runtime.exists():
+        return True
+    runtime, session_id = Runtime.instance(), owner_id.rsplit("/", 1)[0]
+    sessions = getattr(runtime, "_session_mgr", None)  # the runtime names no public reader of the kept sessions
+    if sessions is None or not hasattr(sessions, "get_session_info"):
+        return runtime.is_active_session(session_id)  # an embedded runtime (AppTest): connected ones only
+    return sessions.get_session_info(session_id) is not None
 
 
 def warm_up() -> None:
@@ -247,10 +269,16 @@ def work_of(request, lm: LoadedModel) -> Callable[[Progress], object]:
 
 def ask(name: str, request) -> None:
     """Make ``request`` this session's under ``name`` and queue it (joined with an identical one, or
-    answered from the store at once)."""
-    st.session_state[name] = request
+    answered from the store at once), after the one door's checks (``cost.admit``: the model checks of
+    the command line, the deployment's budget per job); the request it replaces stops being waited for."""
+    lm = load(st.session_state[MODEL])
+    admit(request, lm, deployment())
     key, me = request.key(), owner()
-    status = backend().submit(key, request.kind, work_of(request, load(st.session_state[MODEL])), me)
+    superseded = st.session_state.get(name)
+    if superseded is not None and superseded.key() != key:
+        backend().cancel(superseded.key(), me)  # its panel is gone: nobody here waits for it any more
+    st.session_state[name] = request
+    status = backend().submit(key, request.kind, work_of(request, lm), me)
     log_event("asked", key=key, kind=request.kind, owner=me, state=status.state)
 
 
@@ -310,8 +338,9 @@ def answer(name: str, label: str):
             st.info(f"{label}: cancelled.", icon=":material/cancel:")
         elif isinstance(status.error, USER_ERRORS):
             st.error(f"{label}: stopped. {status.error}", icon=":material/error:")
-        else:
-            raise status.error
+        else:  # the operator's log has the traceback (ghosted.service.jobs)
+            st.error(f"{label}: stopped by an internal error ({type(status.error).__name__}: {status.error}). "
+                     "Try again; if it persists, tell the server's operator.", icon=":material/error:")
         return None
     job_panel(request.key(), label)
     return None

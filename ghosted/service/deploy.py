@@ -38,6 +38,13 @@ class DeployConfig:
     max_eval_tokens: int | None = None  # tokens scored per perplexity
     max_upload_mb: float = 200.0  # uploaded calibration text (matches server.maxUploadSize)
     max_new_tokens: int = 200  # longest sample generation
+    max_prompts: int | None = None  # prompts of one generation
+    max_prompt_chars: int | None = None  # characters of one prompt
+    max_job_gb: float | None = None  # estimated peak memory of one job (ghosted.service.cost), weights not counted
+    max_job_tflop: float | None = None  # estimated compute of one job, in 10**12 floating-point operations
+    max_visitor_jobs: int | None = None  # jobs one visitor may have queued or running at once
+    model_dtype: str | None = None  # the one dtype the shared model is loaded in; None: the visitor's choice
+    model_device: str | None = None  # the one device it is loaded on; None: the visitor's choice
     max_probe_tokens: int | None = None  # tokens read by the token view or the lens (one pass per variant)
     allow_costly_criteria: bool = True  # influence criteria with a pass per layer or a backward pass
     # (removal perplexity, Taylor+, SLEB): minutes per layer set on a small shared CPU
@@ -124,10 +131,18 @@ class DeployConfig:
             raise DeployRefusal(f"The upload is {n_bytes / 2**20:.1f} MB; the {self.name} deployment "
                                 f"accepts at most {self.max_upload_mb:g} MB.")
 
-    def check_generation(self, max_new_tokens: int) -> None:
-        """Refuse generations longer than ``max_new_tokens``."""
+    def check_generation(self, max_new_tokens: int, prompts=()) -> None:
+        """Refuse generations longer than ``max_new_tokens``, more than ``max_prompts`` prompts, or a prompt
+        longer than ``max_prompt_chars``."""
         if max_new_tokens > self.max_new_tokens:
             raise DeployRefusal(f"At most {self.max_new_tokens} new tokens per prompt here.")
+        if self.max_prompts is not None and len(prompts) > self.max_prompts:
+            raise DeployRefusal(f"{len(prompts):,} prompts; the {self.name} deployment takes at most "
+                                f"{self.max_prompts} at once. Lower the prompts to {self.max_prompts}.")
+        longest = max((len(p) for p in prompts), default=0)
+        if self.max_prompt_chars is not None and longest > self.max_prompt_chars:
+            raise DeployRefusal(f"A prompt has {longest:,} characters; the {self.name} deployment takes at most "
+                                f"{self.max_prompt_chars:,} per prompt. Shorten it.")
 
     def check_probe(self, text: str, max_tokens: int) -> None:
         """Refuse a token view or lens over more than ``max_probe_tokens`` tokens, or a text too long to be
@@ -185,13 +200,17 @@ DEMO = DeployConfig(  # a public CPU demo (e.g. a 2-vCPU Space): small, safe, no
     name="demo", models=(BUNDLED_MODEL,), allow_local_paths=False, allow_hub_datasets=False,
     allow_trust_remote_code=False, allow_model_download=False, max_calib_tokens=8192,
     max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, max_probe_tokens=256, allow_costly_criteria=False,
+    max_prompts=8, max_prompt_chars=2000, max_job_gb=4.0, max_job_tflop=20.0, max_visitor_jobs=3,
+    model_dtype="auto", model_device="auto",
     stats_cache_gb=2.0, shared_results=48, idle_release_s=20 * 60)
 CLASSROOM = DeployConfig(  # a shared teaching server: small hub models, room for real runs
     name="classroom", models=(BUNDLED_MODEL, "HuggingFaceTB/SmolLM2-135M-Instruct",
                               "HuggingFaceTB/SmolLM2-360M-Instruct", "Qwen/Qwen2.5-0.5B-Instruct"),
     allow_local_paths=False, allow_hub_datasets=True, allow_trust_remote_code=False,
     allow_model_download=False, max_calib_tokens=32768, max_eval_tokens=32768, max_upload_mb=20,
-    max_new_tokens=128, max_probe_tokens=512, stats_cache_gb=10.0, shared_results=96, idle_release_s=45 * 60)
+    max_new_tokens=128, max_probe_tokens=512, max_prompts=16, max_prompt_chars=4000, max_job_gb=8.0,
+    max_job_tflop=80.0, max_visitor_jobs=4, model_dtype="auto", model_device="auto", stats_cache_gb=10.0,
+    shared_results=96, idle_release_s=45 * 60)
 PRESETS = {"local": LOCAL, "demo": DEMO, "classroom": CLASSROOM}
 
 

@@ -13,6 +13,7 @@ from ghosted.data.sources import SourceUnavailableError, TextSource
 from ghosted.evaluation.intervals import IntervalConfig
 from ghosted.evaluation.zeroshot import parse_tasks
 from ghosted.service import comparison, lessons, links, precompute, probes, recipes, workbench
+from ghosted.service.cost import admit
 from ghosted.service.deploy import DeployConfig, from_env
 from ghosted.service.jobs import JobQueue, JobStatus
 from ghosted.experiments.spec import offered_range, setting_choices
@@ -29,7 +30,7 @@ from ghosted.recovery.methods import RECOVERY, help_text, label_of, with_role
 from ghosted.selection.criteria import CRITERIA, RECOVERABILITY
 
 __all__ = ["BUNDLED_MODEL", "CRITERIA", "DeployConfig", "IntervalConfig", "JobQueue", "JobStatus", "LoadedModel",
-           "METHODS", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
+           "METHODS", "admit", "ModelLoadError", "Progress", "RECOVERABILITY", "RECOVERY", "SourceUnavailableError",
            "TextSource", "available_devices", "command", "comparison", "describe", "eventlog", "format_layers",
            "from_env", "gpu_count", "heap", "help_text", "hidden_size", "label_of", "lessons", "links", "load_any",
            "num_layers", "offered_range", "parse_tasks", "precompute", "probes", "recipes", "release_gpu_cache",

@@ -28,10 +28,12 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import threading
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,9 +41,21 @@ from dataclasses import dataclass, field
 from ghosted.core import eventlog
 from ghosted.service.store import ResultStore
 
+_LOG = logging.getLogger(__name__)
 HISTORY = 20  # durations kept per kind of job for the wait estimate
 ENDED_KEPT = 256  # failed or cancelled jobs remembered, so their owners can read why
 ALIVE_CHECK_S = 2.0  # how often a running job asks whether anyone still waits for it
+
+
+def _bare(error: BaseException | None) -> BaseException | None:
+    """``error`` without its traceback and the exceptions chained to it: its type and message only."""
+    if error is not None:
+        error.__traceback__ = error.__context__ = error.__cause__ = None
+    return error
+
+
+class JobRefused(ValueError):
+    """A job the queue does not take from this owner now; the message says why and what to do."""
 
 
 class JobCancelled(Exception):
@@ -102,7 +116,7 @@ class JobStatus:
 class _Job:
     key: str
     kind: str
-    work: Callable  # work(progress) -> result
+    work: Callable | None  # work(progress) -> result; None once the job ended (nothing of it kept alive)
     owners: set = field(default_factory=set)
     state: str = "queued"
     progress: tuple = ("", 0, 0)  # the last (stage, done, total)
@@ -119,7 +133,8 @@ class JobQueue:
 
     def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int | None = None,
                  alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic,
-                 log: str | None = None):
+                 log: str | None = None, max_owner_jobs: int | None = None):
+        self.max_owner_jobs = max_owner_jobs  # jobs one owner may have queued or running; None: any number
         self.store = store if store is not None else ResultStore()
         self.threads_per_job = max(1, threads_per_job or default_threads())  # torch threads each job runs with
         self.workers = workers or default_workers(threads_per_job=self.threads_per_job)
@@ -145,6 +160,7 @@ class JobQueue:
         with self._cond:
             job = self._jobs.get(key)
             if job is None:
+                self._check_owner_jobs(owner)
                 self._ended.pop(key, None)
                 job = self._jobs[key] = _Job(key, kind, work, timed=timed)
                 self._waiting.append(key)
@@ -153,6 +169,18 @@ class JobQueue:
             job.cancelled.clear()  # someone waits for it again (a job already stopping still ends cancelled)
             job.owners.add(owner)
             return self._status(job, owner)
+
+    def owner_jobs(self, owner: str) -> list[str]:
+        """The keys of the queued and running jobs ``owner`` waits for."""
+        with self._cond:
+            return [key for key, job in self._jobs.items() if owner in job.owners]
+
+    def _check_owner_jobs(self, owner: str) -> None:
+        """Refuse a new job of an owner that already waits for ``max_owner_jobs`` (joining one is free)."""
+        mine = [job for job in self._jobs.values() if owner in job.owners]
+        if self.max_owner_jobs is not None and len(mine) >= self.max_owner_jobs:
+            raise JobRefused(f"You already have {len(mine)} jobs queued or running, the most one visitor may "
+                             f"have here: cancel one or wait for it to end.")
 
     def status(self, key: str, owner: str | None = None) -> JobStatus | None:
         """A snapshot of ``key``'s job (None when the queue and the store know nothing of it)."""
@@ -238,7 +266,9 @@ class JobQueue:
             self._end(job, "cancelled", JobCancelled("no one waits for this job any more"))
 
     def _end(self, job: _Job, state: str, error: BaseException | None = None) -> None:
-        job.state, job.error = state, error
+        """End ``job``: it keeps its state and a message, never its work or a traceback (whose frames would
+        keep its model and tensors alive for as long as the job is remembered)."""
+        job.state, job.error, job.work = state, _bare(error), None
         self._jobs.pop(job.key, None)
         if state != "done":
             self._ended[job.key] = job
@@ -265,27 +295,43 @@ class JobQueue:
             thread.start()
 
     def _worker(self) -> None:
+        """Run jobs until the process ends; a worker that dies anyway is replaced and its job ends as failed."""
         import torch
 
         torch.set_num_threads(self.threads_per_job)  # this thread's share of the cores
-        while True:
-            job = self._next_job()
-            try:
-                result = job.work(self._progress_of(job))
-            except JobCancelled as err:
-                with self._cond:
-                    self._end(job, "cancelled", err)
-                continue
-            except BaseException as err:  # noqa: BLE001 - the owner shows it (a user error or a traceback)
-                with self._cond:
-                    self._end(job, "failed", err)
-                continue
-            seconds = self._clock() - job.started
-            self.store.put(job.key, result, job.kind)
+        job = None
+        try:
+            while True:
+                job = self._next_job()
+                self._run(job)
+                job = None
+        finally:  # only reached when the worker itself fails (a bug, or a signal raised in this thread)
             with self._cond:
-                kept = self._durations if job.timed else self._untimed
-                kept.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
-                self._end(job, "done")
+                if job is not None and not job.ended.is_set():
+                    self._end(job, "failed", RuntimeError("the worker running this job stopped; try again"))
+                self._threads = [t for t in self._threads if t.is_alive() and t is not threading.current_thread()]
+                self._start_workers()
+
+    def _run(self, job: _Job) -> None:
+        """Run one job; every way out ends it (done, cancelled or failed), the store's own failures included."""
+        try:
+            result = job.work(self._progress_of(job))
+            seconds = self._clock() - job.started
+            self.store.put(job.key, result, job.kind)  # a store that cannot write keeps it in memory
+        except JobCancelled as err:
+            with self._cond:
+                self._end(job, "cancelled", err)
+            return
+        except BaseException as err:  # noqa: BLE001 - the owner reads its message; the operator its traceback
+            trace = "".join(traceback.format_exception(type(err), err, err.__traceback__))  # text: no frames kept
+            _LOG.error("job %s (%s) failed:\n%s", job.key, job.kind, trace)
+            with self._cond:
+                self._end(job, "failed", err)
+            return
+        with self._cond:
+            kept = self._durations if job.timed else self._untimed
+            kept.setdefault(job.kind, deque(maxlen=HISTORY)).append(seconds)
+            self._end(job, "done")
 
     def _next_job(self) -> _Job:
         """The first queued job someone still waits for (the others are dropped on the way)."""
@@ -303,7 +349,16 @@ class JobQueue:
 
     def _forget_gone(self, job: _Job) -> None:
         if self.alive is not None:
-            job.owners = {owner for owner in job.owners if self.alive(owner)}
+            job.owners = {owner for owner in job.owners if self._is_alive(owner)}
+
+    def _is_alive(self, owner: str) -> bool:
+        """``alive(owner)``; an owner whose liveness cannot be read counts as there (its job is not dropped
+        for the checker's failure, and the worker asking goes on)."""
+        try:
+            return bool(self.alive(owner))
+        except Exception as err:  # noqa: BLE001 - logged for the operator
+            _LOG.warning("could not tell whether %s is still there (%s: %s)", owner, type(err).__name__, err)
+            return True
 
     def _progress_of(self, job: _Job) -> Callable[[str, int, int], None]:
         def progress(stage: str, done: int, total: int) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -39,6 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FORMAT = 1  # bump when a codec's layout changes: older files then simply stop matching
+MAX_FILE_BYTES = 32 * 2**20  # a stored result larger than this is not read (the largest real one: ~1 MB)
+MAX_DEPTH = 32  # nesting of a stored result's JSON, at most (a codec's layout needs under 10)
+_LOG = logging.getLogger(__name__)
 PREFIX = "ghosted-result-"  # every file the store writes starts so; nothing else in the folder is touched
 
 
@@ -77,6 +81,7 @@ class ResultStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()  # least recently used first
+        self.write_failure: str | None = None  # why the folder could not be written (then memory only)
 
     def get(self, key: str):
         """The result for ``key`` (memory, then disk), or None."""
@@ -137,8 +142,10 @@ class ResultStore:
         return self.folder / f"{PREFIX}{key}.json" if self.folder else None
 
     def _write(self, key: str, value, kind: str) -> None:
+        """The JSON copy, written atomically; a folder that cannot be written (read-only, full) turns the
+        store to memory only, said once (``write_failure``), and the job that asked still ends done."""
         codec, path = self.codecs.get(kind), self.path_of(key)
-        if codec is None or path is None:
+        if codec is None or path is None or self.write_failure is not None:
             return
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
@@ -146,26 +153,50 @@ class ResultStore:
             tmp.write_text(json.dumps({"format": FORMAT, "key": key, "kind": kind, "result": codec.encode(value)},
                                       default=str))
             os.replace(tmp, path)
-        except OSError as err:
-            warnings.warn(f"Could not save a {kind} result to {self.folder} ({err}); it is kept in memory only.",
-                          RuntimeWarning, stacklevel=3)
+        except (OSError, ValueError, TypeError) as err:
+            self.write_failure = f"{type(err).__name__}: {err}"
+            warnings.warn(f"Could not save a {kind} result to {self.folder} ({err}); results are kept in memory "
+                          "only from now on.", RuntimeWarning, stacklevel=3)
         finally:
             if tmp.parent.is_dir():
                 tmp.unlink(missing_ok=True)
 
     def _read(self, key: str) -> tuple[object | None, str]:
+        """A stored result read as untrusted input: bounded in size before it is read, its key, kind, format,
+        depth and types checked; anything else is skipped with a warning for the operator (never raised)."""
         path = self.path_of(key)
         if path is None or not path.is_file():
             return None, ""
         try:
+            size = path.stat().st_size
+            if size > MAX_FILE_BYTES:
+                raise ValueError(f"{size:,} bytes, over the {MAX_FILE_BYTES:,} a stored result may have")
             data = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(data, dict) or data.get("key") != key or data.get("format") != FORMAT:
                 raise ValueError("its key or format does not match its name")
-            codec = self.codecs.get(data.get("kind"))
+            kind = data.get("kind")
+            if not isinstance(kind, str) or not key.startswith(f"{kind}-"):
+                raise ValueError(f"its kind {kind!r} is not the kind its key names")
+            codec = self.codecs.get(kind)
             if codec is None:
-                raise ValueError(f"no reader for results of kind {data.get('kind')!r}")
-            return codec.decode(data["result"]), data["kind"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
+                raise ValueError(f"no reader for results of kind {kind!r}")
+            check_depth(data["result"], MAX_DEPTH)
+            return codec.decode(data["result"]), kind
+        except Exception as err:  # noqa: BLE001 - whatever a crafted file makes a decoder raise, it is skipped
+            _LOG.warning("Ignoring the unreadable stored result %s (%s: %s)", path, type(err).__name__, err)
             warnings.warn(f"Ignoring the unreadable stored result {path} ({err}); computing it again.",
                           RuntimeWarning, stacklevel=3)
             return None, ""
+
+
+def check_depth(value, limit: int) -> None:
+    """Refuse JSON nested deeper than ``limit`` (iteratively: a deep value cannot exhaust the stack here)."""
+    pending = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if depth > limit:
+            raise ValueError(f"nested deeper than {limit} levels")
+        if isinstance(item, dict):
+            pending.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            pending.extend((v, depth + 1) for v in item)

@@ -18,6 +18,7 @@ store's disk copy, or computed again). The page defaults are the requests' defau
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -48,12 +49,49 @@ PRESETS = {  # preset -> (criterion, what it picks); the Influence page's preset
 }
 
 
-def model_key(spec: dict) -> str:
-    """A string naming everything that changes the loaded model; tags requests with their model."""
-    return "|".join(str(spec.get(k)) for k in DEFAULT_MODEL)
+def model_key(spec: dict, identity: dict | None = None) -> str:
+    """A string naming everything that changes the loaded model; tags requests with their model. A local
+    model adds its content identity (``local_identity``): a checkpoint rewritten under the same path is
+    another model, never answered with the old one's results."""
+    key = "|".join(str(spec.get(k)) for k in DEFAULT_MODEL)
+    if identity is None:
+        return key
+    return f"{key}|{hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]}"
+
+
+def local_identity(loaded) -> dict | None:
+    """The content identity of a model loaded from the server's disk (``ghosted.calibration.identity``:
+    file sizes, times, inodes and samples of the weights), None for the bundled and hub models."""
+    from ghosted.calibration.identity import model_identity
+
+    return model_identity(loaded.model) if loaded.kind in ("folder", "gguf") else None
 
 
 BUNDLED_KEY = model_key(DEFAULT_MODEL)  # the bundled model as the app loads it by default
+
+
+def canonical_source(source: str) -> str:
+    """One name per model: the bundled model's aliases as ``BUNDLED_MODEL``, a local path as its real
+    absolute path, a hub id as given (stripped)."""
+    from ghosted.models.loading import ModelLoadError, source_kind
+
+    source = str(source).strip()
+    try:
+        kind = source_kind(source)
+    except ModelLoadError:
+        return source  # refused when it is loaded, with its own message
+    if kind == "bundled":
+        return BUNDLED_MODEL
+    return os.path.realpath(os.path.expanduser(source)) if kind in ("folder", "gguf") else source
+
+
+def canonical_model(spec: dict, cfg: DeployConfig) -> dict:
+    """The load arguments under which the shared model is cached: the canonical source and, where the
+    deployment fixes them, its dtype and device, so that one visitor's alias, dtype or device never makes
+    every other session load the model again."""
+    fixed = {"dtype": cfg.model_dtype, "device": cfg.model_device}
+    return {**spec, "source": canonical_source(spec["source"]),
+            **{name: value for name, value in fixed.items() if value is not None}}
 
 
 def text_identity(text) -> dict:
@@ -95,6 +133,11 @@ class _Request:
     def key(self) -> str:
         return request_key(self.kind, _key_fields(self))
 
+    def validate(self, lm) -> None:
+        """The model-side checks of this request (none by default; a run's are the command line's)."""
+        if hasattr(self, "fit"):
+            self.fit.validate(lm)
+
 
 # --- influence ----------------------------------------------------------------------------------------
 
@@ -126,6 +169,12 @@ class InfluenceRequest(_Request):
             raise ValueError("Recoverability needs at least one block size n.")
         cfg.check_criteria(self.metrics)  # demo: no pass per layer, no backward pass
         cfg.check_calibration(self.calib_seqs, self.seq_len, self.heldout_seqs)
+
+    def validate(self, lm) -> None:
+        """The windows within the model's positions (as the command line checks them)."""
+        from ghosted.experiments import validate
+
+        validate.check_positions(validate.facts_of_model(lm.model).max_positions, seq_len=self.seq_len)
 
     def compute(self, lm, progress=None) -> Influence:
         from ghosted.experiments.session import Session
@@ -172,6 +221,13 @@ class FitRequest(_Request):
         if len(set(self.layers)) >= n_layers:
             raise ValueError(f"That drops all {n_layers} layers: keep at least one.")
         cfg.check_calibration(self.calib_seqs, self.seq_len, self.heldout_seqs)
+
+    def validate(self, lm) -> None:
+        """The command line's model checks on this run's spec: layers within the model, windows within its
+        positions (``ghosted.experiments.validate.check_run_model``)."""
+        from ghosted.experiments import validate
+
+        validate.check_run_model(self.spec(lm), validate.facts_of_model(lm.model))
 
     def spec(self, lm) -> ExperimentSpec:
         """The same spec ``python -m ghosted run`` builds from its flags (the settings under their own names)."""
@@ -237,13 +293,25 @@ class EvalRequest(_Request):
     def check(self, cfg: DeployConfig) -> None:
         cfg.check_eval(self.eval_tokens)
 
+    def validate(self, lm) -> None:
+        """The command line's checks of the evaluation's size and the run's model checks on this spec
+        (the evaluation window within the model's positions among them)."""
+        from ghosted.experiments import validate
+
+        spec = self.spec_of(lm)
+        validate.check_run_model(spec, validate.facts_of_model(lm.model))  # the window against the positions first
+        validate.check_eval_size(spec.evaluation.eval_tokens, validate.eval_window(spec.flat()))
+
+    def spec_of(self, lm) -> ExperimentSpec:
+        """The fit's spec scoring ``eval_tokens`` of ``text`` in windows of ``eval_seq_len``."""
+        return self.fit.spec(lm).with_options(eval=text_name(self.text), eval_tokens=self.eval_tokens,
+                                              eval_seq_len=self.eval_seq_len)
+
     def session(self, lm, progress=None):
         """The fit's session, its spec scoring ``eval_tokens`` of ``text`` in windows of ``eval_seq_len``."""
         from ghosted.experiments.session import Session
 
-        spec = self.fit.spec(lm).with_options(eval=text_name(self.text), eval_tokens=self.eval_tokens,
-                                              eval_seq_len=self.eval_seq_len)
-        return Session(spec, lm, progress, calibration_text=_given_text(self.fit.text),
+        return Session(self.spec_of(lm), lm, progress, calibration_text=_given_text(self.fit.text),
                        evaluation_text=_given_text(self.text))
 
     def compute(self, lm, fitted: FittedRun, progress=None) -> Evaluation:
@@ -310,7 +378,7 @@ class GenerationRequest(_Request):
     def check(self, cfg: DeployConfig) -> None:
         if not self.prompts:
             raise ValueError("Type at least one prompt.")
-        cfg.check_generation(self.new_tokens)
+        cfg.check_generation(self.new_tokens, self.prompts)
 
     def compute(self, lm, fitted: FittedRun, progress=None) -> Generations:
         """``Session.generate`` on every variant (greedy), with where each departs from dense."""

@@ -175,6 +175,19 @@ def test_a_bad_link_says_why_and_leaves_the_session_usable(monkeypatch):
     assert at.session_state[_ui.SELECTION] == [] and _ui.RUN not in at.session_state
 
 
+@pytest.mark.parametrize("deploy", ["local", "demo"])
+def test_a_link_with_windows_beyond_the_models_positions_is_refused_before_anything_is_queued(monkeypatch, deploy):
+    monkeypatch.delenv("GHOSTED_DEMO", raising=False)
+    monkeypatch.setenv("GHOSTED_DEPLOY", deploy)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=TIMEOUT)
+    at.query_params.update({"layers": "20-21", "tokens": "8192", "window": "32768"})
+    at.run()
+    no_exception(at)
+    why = "eval_seq_len (--eval-seq-len) = 32768 is longer than this model's 8192 positions"
+    assert any("This link could not be opened" in e and why in e for e in errors(at)), errors(at)
+    assert _ui.RUN not in at.session_state and _ui.EVALUATION not in at.session_state
+
+
 def test_a_link_shows_its_settings_in_the_forms_of_its_pages(monkeypatch):
     monkeypatch.delenv("GHOSTED_DEMO", raising=False)
     monkeypatch.delenv("GHOSTED_DEPLOY", raising=False)
@@ -220,3 +233,20 @@ def test_the_server_warms_the_precomputed_runs_and_a_session_gets_the_warm_one(m
     assert run_of(other).run is fitted.run  # the warm result itself: nothing fitted again
     session(monkeypatch)  # a second server page does not queue it again
     assert _ui.backend().status(warm.key(), _ui.WARM_OWNER).state == "done"
+
+
+def test_a_dropped_connection_keeps_the_visitors_jobs_and_an_expired_session_gives_them_up(monkeypatch):
+    """``session_alive`` asks the runtime's session manager for every session it still knows: connected, or
+    disconnected and kept for a reconnect (Streamlit's storage of dropped sessions); only a forgotten
+    session is gone."""
+    from types import SimpleNamespace
+
+    from streamlit.runtime import Runtime
+
+    known = {"connected": "info", "dropped": "kept for a reconnect"}  # what get_session_info answers
+    manager = SimpleNamespace(get_session_info=known.get, is_active_session=lambda sid: sid == "connected")
+    with monkeypatch.context() as patched:  # undone before the caches are cleared at teardown
+        patched.setattr(Runtime, "exists", staticmethod(lambda: True))
+        patched.setattr(Runtime, "instance", staticmethod(lambda: SimpleNamespace(_session_mgr=manager)))
+        assert _ui.session_alive("connected/abc") and _ui.session_alive("dropped/abc")  # a 3-second drop keeps it
+        assert not _ui.session_alive("expired/abc") and _ui.session_alive(_ui.WARM_OWNER)

@@ -235,3 +235,80 @@ def test_an_unwritable_job_log_warns_once_and_the_jobs_go_on(tmp_path):
         job.opened.set()
         assert queue.wait("k", WAIT).state == "done"
     assert queue.log is None and queue.store.get("k") == "x"
+
+
+def test_a_visitor_has_at_most_the_deployments_jobs_at_once_and_joining_one_is_free():
+    from ghosted.service.jobs import JobRefused
+
+    queue = JobQueue(workers=1, max_owner_jobs=2)
+    gates = [Gate(i) for i in range(3)]
+    queue.submit("a", "fit", gates[0], "alice")
+    queue.submit("b", "fit", gates[1], "alice")
+    with pytest.raises(JobRefused, match="already have 2 jobs queued or running"):
+        queue.submit("c", "fit", gates[2], "alice")
+    assert queue.owner_jobs("alice") == ["a", "b"]
+    queue.submit("c", "fit", gates[2], "bob")  # another visitor is not held back
+    queue.submit("c", "fit", gates[2], "alice")  # joining bob's job takes no new place
+    queue.cancel("b", "alice")  # a superseded request gives its place back
+    queue.cancel("c", "alice")
+    queue.submit("d", "fit", Gate("d"), "alice")
+    for gate in gates:
+        gate.opened.set()
+    assert queue.wait("a", WAIT).state == "done"
+
+
+def test_an_ended_job_keeps_its_message_but_not_its_traceback_or_its_work():
+    import gc
+    import weakref
+
+    class Tensorish:
+        pass
+
+    held = Tensorish()
+    alive = weakref.ref(held)
+
+    def work(progress, big=held):
+        local = big  # noqa: F841 - a frame that would keep it alive through a traceback
+        raise RuntimeError("out of luck")
+
+    queue = JobQueue(workers=1)
+    queue.submit("k", "fit", work, "alice")
+    del held, work
+    ended = queue.wait("k", WAIT)
+    gc.collect()
+    assert ended.state == "failed" and str(ended.error) == "out of luck"
+    assert ended.error.__traceback__ is None and alive() is None
+
+
+def test_a_store_that_cannot_write_keeps_the_worker_and_says_so_once(tmp_path):
+    import json
+
+    from ghosted.service.store import Codec
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")  # as a read-only results folder: every write fails
+    store = ResultStore(folder=blocked, codecs={"fit": Codec(lambda v: {"v": v}, lambda d: d["v"])})
+    queue = JobQueue(store, workers=1)
+    with pytest.warns(RuntimeWarning, match="kept in memory only from now on") as warned:
+        for i in range(3):
+            queue.submit(f"fit-{i}", "fit", lambda progress, i=i: i, "alice")
+            assert queue.wait(f"fit-{i}", WAIT).state == "done"
+    assert len([w for w in warned if "memory only" in str(w.message)]) == 1
+    assert store.get("fit-2") == 2 and store.write_failure and json.dumps(store.write_failure)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
+def test_a_worker_that_dies_is_replaced_and_its_job_ends_as_failed(monkeypatch):
+    queue = JobQueue(workers=1)
+    original = queue._run
+
+    def dying(job):
+        if job.key == "doomed":
+            raise SystemExit("the worker's thread stops")  # escapes the job's guard: the worker dies
+        original(job)
+
+    monkeypatch.setattr(queue, "_run", dying)
+    queue.submit("doomed", "fit", lambda progress: 1, "alice")
+    assert queue.wait("doomed", WAIT).state == "failed"
+    queue.submit("next", "fit", lambda progress: 2, "alice")
+    assert queue.wait("next", WAIT).state == "done" and queue.store.get("next") == 2

@@ -26,13 +26,13 @@ SERVER = textwrap.dedent("""
     queue = JobQueue(store=store, workers=1, threads_per_job=1)
     with signals_as_interrupts():
         try:
-            queue.submit("finished", "sum", lambda progress: sum(range(10)), owner="a")
-            queue.wait("finished")
+            queue.submit("sum-finished", "sum", lambda progress: sum(range(10)), owner="a")
+            queue.wait("sum-finished")
             never = threading.Event()
             def endless(progress):
                 while not never.wait(0.05):
                     progress("summing", 1, 2)
-            queue.submit("running", "sum", endless, owner="b")
+            queue.submit("sum-running", "sum", endless, owner="b")
             print("ready", flush=True)
             never.wait()
         except KeyboardInterrupt as err:
@@ -46,7 +46,7 @@ RESTART = textwrap.dedent("""
 
     codec = Codec(encode=lambda value: {"value": value}, decode=lambda data: int(data["value"]))
     store = ResultStore(folder=sys.argv[1], codecs={"sum": codec})
-    print(json.dumps({"finished": store.get("finished"), "running": store.get("running")}))
+    print(json.dumps({"finished": store.get("sum-finished"), "running": store.get("sum-running")}))
 """)
 
 

@@ -70,3 +70,27 @@ def test_a_folder_that_cannot_be_written_keeps_the_result_in_memory(tmp_path):
 def test_max_entries_must_be_positive():
     with pytest.raises(ValueError, match="max_entries"):
         ResultStore(max_entries=0)
+
+
+@pytest.mark.parametrize("write, why", [
+    (lambda path: path.write_bytes(b" " * (33 * 2**20)), "over the"),  # too large: never read
+    (lambda path: path.write_text(json.dumps({"key": "table-1", "format": 1, "kind": "graph", "result": 1})),
+     "not the kind its key names"),
+    (lambda path: path.write_text('{"key": "table-1", "format": 1, "kind": "table", "result": '
+                                  + "[" * 100_000 + "]" * 100_000 + "}"), "deep|recursion"),
+    (lambda path: path.write_text(json.dumps({"key": "table-1", "format": 1, "kind": "table", "result": [[1]] * 3})),
+     "deeper|nested"),
+])
+def test_a_crafted_entry_is_skipped_with_a_warning_for_the_operator_never_an_error(tmp_path, caplog, write, why):
+    import re
+
+    from ghosted.service.store import Codec
+
+    def strict(data):  # a decoder that trips over a wrong type, as a real one may
+        return [int(x) for x in data]
+
+    write(tmp_path / f"{PREFIX}table-1.json")
+    store = ResultStore(folder=tmp_path, codecs={"table": Codec(list, strict), "graph": Codec(list, list)})
+    with pytest.warns(RuntimeWarning, match="unreadable stored result"):
+        assert store.get("table-1") is None
+    assert any(re.search(why, r.getMessage(), re.I) or r.levelname == "WARNING" for r in caplog.records)

@@ -112,3 +112,44 @@ def test_generations_depart_from_dense_where_their_tokens_first_differ(tmp_path,
     store.put("generate-1", shown, kind="generate")
     again = wb.shared_store(folder=tmp_path).get("generate-1")
     assert again.departures == shown.departures and again.outputs == shown.outputs
+
+
+def test_the_shared_model_is_named_canonically_and_restricted_deployments_fix_its_dtype_and_device(tmp_path,
+                                                                                                  monkeypatch):
+    from ghosted.service.deploy import CLASSROOM, DEMO, LOCAL
+
+    chosen = {**wb.DEFAULT_MODEL, "source": "bundled", "dtype": "bfloat16", "device": "cpu"}
+    for cfg in (DEMO, CLASSROOM):
+        assert wb.canonical_model(chosen, cfg) == wb.DEFAULT_MODEL  # every visitor's choice: one cache entry
+        assert wb.model_key(wb.canonical_model({**chosen, "source": "default"}, cfg)) == wb.BUNDLED_KEY
+    assert wb.canonical_model(chosen, LOCAL) == {**chosen, "source": wb.BUNDLED_MODEL}  # a workstation chooses
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert wb.canonical_source("./model/") == wb.canonical_source(str(folder)) == str(folder.resolve())
+    assert wb.canonical_source(" HuggingFaceTB/SmolLM2-135M-Instruct ") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_a_local_model_is_keyed_by_its_content_so_a_rewritten_checkpoint_gets_new_results(tmp_path):
+    from ghosted.models.loading import LoadedModel
+    from tests.tiny import tiny_model
+
+    folder = tmp_path / "ckpt"
+    tiny_model("llama", layers=4, seed=0).save_pretrained(folder)
+    spec = {**wb.DEFAULT_MODEL, "source": str(folder)}
+
+    def key_now():
+        import transformers as tf
+
+        model = tf.AutoModelForCausalLM.from_pretrained(folder)
+        return wb.model_key(spec, wb.local_identity(LoadedModel(model, None, str(folder), "folder", "cpu",
+                                                                "float32", 0.0)))
+
+    before = key_now()
+    assert key_now() == before  # the same files: the same key, so its stored results are found again
+    tiny_model("llama", layers=4, seed=1).save_pretrained(folder)  # other weights under the same path
+    assert key_now() != before
+    assert wb.InfluenceRequest(model=key_now()).key() != wb.InfluenceRequest(model=before).key()
+    bundled = LoadedModel(None, None, wb.BUNDLED_MODEL, "bundled", "cpu", "float32", 0.0)
+    assert wb.local_identity(bundled) is None and wb.model_key(wb.DEFAULT_MODEL) == wb.BUNDLED_KEY
