@@ -12,7 +12,7 @@ import time
 
 from bench._common import ORDER  # docs/BENCHMARKS.md order
 
-LATER = ("stats_cache", "vs_official_layers")  # sections written after ORDER's
+LATER = ("stats_cache", "vs_official_layers", "layerwise")  # sections written after ORDER's
 BENCHMARKS = [*ORDER, *[name for name in LATER if name not in ORDER]]
 
 

@@ -92,6 +92,16 @@ def _classroom_load() -> Block:
     return Block(ROOT / "docs" / "DEPLOY.md", "load:classroom", "bench/results/load.json", render)
 
 
+def _scale_layerwise() -> Block:
+    """docs/SCALE.md's layer-wise plan, from the figures bench/layerwise.py measured."""
+    def render() -> str:
+        from bench import layerwise
+
+        return layerwise.scale_block(json.loads(layerwise.NUMBERS.read_text(encoding="utf-8")))
+
+    return Block(ROOT / "docs" / "SCALE.md", "scale:layerwise", "docs/results/layerwise.json", render)
+
+
 def blocks() -> list[Block]:
     """Every generated block of the documents, in document order."""
     found = [_methods(),
@@ -102,7 +112,7 @@ def blocks() -> list[Block]:
              _grid("grid:ordering", REPRODUCTION, "paper_ordering"),
              _grid("grid:sink-cell", REPRODUCTION, "sink_cell"),
              _grid("grid:questions", REPRODUCTION, "three_questions"),
-             _classroom_load()]
+             _classroom_load(), _scale_layerwise()]
     for kind in SECTION_DOCS:
         found += [_section(kind, path) for path in sorted((RESULTS / kind).glob("*.json"))]
     return found

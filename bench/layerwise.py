@@ -27,18 +27,12 @@ import math
 import mmap
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench._common import ensure_path, in_child, measured, table, write_section
-
-ensure_path()
+from bench._common import ROOT, in_child, measured, table, write_section
 
 CONTENDERS = ("whole model", "layer-wise", "disk offload")
 SHARD_BYTES = 512 * 2**20  # shards of at most this size, as hub checkpoints are cut
@@ -175,6 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--windows", type=int, default=4, help="evaluation and calibration windows")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="rounds of the three contenders in turn")
     p.add_argument("--folder", default=None, help="where to write the checkpoint (default: a temporary folder, "
                                                   "removed at the end)")
     args = p.parse_args(argv)
@@ -183,20 +178,25 @@ def main(argv: list[str] | None = None) -> dict:
         nbytes = write_random_llama(folder, args.layers, args.hidden, args.ffn, args.vocab)
         cached, direct = read_speed(folder)
         gap = (args.layers // 2, args.layers // 2 + max(1, args.layers // 8))
-        results = {name: in_child(job, name, str(folder), args.windows, args.seq_len, args.batch_size, gap)
-                   for name in CONTENDERS}
+        rounds = [{name: in_child(job, name, str(folder), args.windows, args.seq_len, args.batch_size, gap)
+                   for name in CONTENDERS} for _ in range(args.rounds)]  # in turn: load drift hits each alike
     finally:
         if args.folder is None:
             shutil.rmtree(folder, ignore_errors=True)
-    whole = results["whole model"]
-    rows = [[name, r["peak_mib"], r["peak_mib"] / whole["peak_mib"], r["seconds"], r["seconds"] / whole["seconds"],
+    results = {name: {**rounds[0][name], **{key: statistics.median(r[name][key] for r in rounds)
+                                            for key in ("peak_mib", "seconds")}} for name in CONTENDERS}
+    for name in CONTENDERS:  # same-round ratios, their median
+        for key in ("peak_mib", "seconds"):
+            results[name][f"{key}_ratio"] = statistics.median(r[name][key] / r["whole model"][key] for r in rounds)
+    rows = [[name, r["peak_mib"], r["peak_mib_ratio"], r["seconds"], r["seconds_ratio"],
              f"{r['ppl_dense']:.4f}", f"{r['ppl_none']:.4f}"] for name, r in results.items()]
     lw = results["layer-wise"]
     body = (f"Random-init Llama, {args.layers} layers x {args.hidden}, ffn {args.ffn}, vocabulary {args.vocab}, "
             f"float32: {nbytes / 1e9:.2f} GB of weights in safetensors shards. Experiment: ghost statistics of gap "
             f"[{gap[0]}, {gap[1]}) and perplexity + KL of dense and pruned on {args.windows} windows x "
             f"{args.seq_len} random tokens, batch {args.batch_size}; loading included; one fresh process per "
-            "contender, shards in the page cache.\n\n"
+            f"contender and round, {args.rounds} rounds in turn, medians (ratios: the median of same-round ratios); "
+            "shards in the page cache.\n\n"
             + table(["contender", "peak RSS above imports (MiB)", "x whole", "seconds", "x whole", "ppl dense",
                      "ppl pruned"], rows)
             + f"\n\nRead speed of the shards: {cached:,.0f} MB/s through the page cache, "
@@ -210,7 +210,95 @@ def main(argv: list[str] | None = None) -> dict:
               "but reads every offloaded layer again for each batch of each pass. The perplexities agree to the "
               "digits shown: one experiment, three ways to hold the weights.")
     write_section("layerwise", "Layer-wise execution against the whole model and disk offload", argv, body)
+    numbers = {"layers": args.layers, "hidden": args.hidden, "ffn": args.ffn, "vocab": args.vocab,
+               "windows": args.windows, "seq_len": args.seq_len, "batch": args.batch_size, "weights_bytes": nbytes,
+               "read_mb_s": {"page_cache": cached, "disk": direct if math.isfinite(direct) else None},
+               "predicted_peak_bytes": predicted_peak(args), "contenders": results}
+    NUMBERS.write_text(json.dumps(numbers, indent=2) + "\n", encoding="utf-8")
+    from ghosted.core.docblocks import markers, write_block
+
+    write_block(SCALE_DOC, *markers("scale:layerwise"), scale_block(numbers))
     return results
+
+
+NUMBERS = ROOT / "docs" / "results" / "layerwise.json"  # the measured figures docs/SCALE.md's plan is computed from
+SCALE_DOC = ROOT / "docs" / "SCALE.md"
+GIB = 2**30
+SHAPES = {  # name -> (layers, d, ffn, vocabulary, kv width): the configs of the released checkpoints
+    "Llama-3.1-8B": (32, 4096, 14336, 128256, 1024),
+    "Llama-3.1-70B": (80, 8192, 28672, 128256, 1024),
+}
+
+
+def _peak(layer: int, outer: int, streams: int, stats: int, logits: int) -> int:
+    """What a layer-wise pass holds at its peak: one layer, the embedding or the head, the streams, the sums."""
+    return layer + outer + streams + stats + logits
+
+
+def predicted_peak(args) -> int:
+    """The peak the formula gives for this run's perplexity pass (two variants), float32."""
+    from ghosted.evaluation.layerwise import LOGITS_BUDGET, _COPIES
+    from ghosted.models.memory_plan import batch_stream_bytes
+
+    heads = max(1, args.hidden // 64)
+    kv = max(1, heads // 2) * 64
+    layer = 4 * (2 * args.hidden * args.hidden + 2 * args.hidden * kv + 3 * args.hidden * args.ffn)
+    streams = batch_stream_bytes(args.batch_size, args.seq_len, args.hidden, torch_float32(), 2)
+    streams *= -(-args.windows // args.batch_size)
+    logits = min(LOGITS_BUDGET, args.batch_size * args.seq_len * args.vocab * 4 * _COPIES)
+    return _peak(layer, 4 * args.vocab * args.hidden, streams, 0, logits)
+
+
+def torch_float32():
+    import torch
+
+    return torch.float32
+
+
+def scale_block(numbers: dict) -> str:
+    """docs/SCALE.md's layer-wise plan: the measured run, then 8B and 70B on paper from the same formula."""
+    from ghosted.evaluation.layerwise import LOGITS_BUDGET
+    from ghosted.models.memory_plan import batch_stream_bytes
+
+    import torch
+
+    runs = numbers["contenders"]
+    measured_mib, predicted_mib = runs["layer-wise"]["peak_mib"], numbers["predicted_peak_bytes"] / 2**20
+    disk = numbers["read_mb_s"]["disk"] or numbers["read_mb_s"]["page_cache"]
+    rows, peaks = [], {}
+    for name, (layers, d, ffn, vocab, kv) in SHAPES.items():
+        layer = 2 * (2 * d * d + 2 * d * kv + 3 * d * ffn)  # bfloat16
+        outer = 2 * vocab * d
+        read = layers * layer + 2 * outer
+        stream = batch_stream_bytes(1, 2048, d, torch.bfloat16, 0)  # one (1, 2048, d) stream
+        calib = _peak(layer, outer, 32 * stream * 5, 3 * d * d * 8, 0)  # x, y, X kept, output; XᵀX, XᵀΔ, ΔᵀΔ
+        evaluation = _peak(layer, outer, 32 * stream * 4, 0, LOGITS_BUDGET)  # dense, pruned, ghost + output
+        peaks[name] = (calib, evaluation)
+        rows.append([name, f"{layer / GIB:.2f}", f"{outer / GIB:.2f}", f"{calib / GIB:.1f}", f"{evaluation / GIB:.1f}",
+                     f"{read / 1e9:.0f}", f"{read / 1e6 / disk:,.0f}"])
+    whole = runs["whole model"]
+    worst = max(peaks["Llama-3.1-70B"]) / 1e9
+    fits = (f"At its peak a 70B run holds {worst:.1f} GB: it fits one 24 GB GPU." if worst < 24 else
+            f"At its peak a 70B run holds {worst:.1f} GB: more than one 24 GB GPU, so use fewer windows per group.")
+    return (f"Measured (`python -m bench.layerwise`, docs/results/layerwise.json): a {numbers['layers']}-layer "
+            f"random-init Llama of width {numbers['hidden']} ({numbers['weights_bytes'] / 1e9:.2f} GB float32) ran "
+            f"layer by layer in {measured_mib:,.0f} MiB above the imports against {whole['peak_mib']:,.0f} MiB whole "
+            f"({runs['layer-wise']['peak_mib_ratio']:.2f} x), in {runs['layer-wise']['seconds_ratio']:.2f} x "
+            f"the whole model's time (disk offload: {runs['disk offload']['seconds_ratio']:.2f} x); the formula "
+            f"below gives {predicted_mib:,.0f} MiB for that run "
+            f"(measured / formula = {measured_mib / predicted_mib:.2f}). "
+            f"Disk read speed there: {disk:,.0f} MB/s.\n\n"
+            "On paper, bfloat16, calibration of one gap on 32 windows x 2048 tokens (batch 1) and perplexity of "
+            "three variants (dense, pruned, ghost) on 32 windows x 2048:\n\n"
+            + table(["model", "one layer (GiB)", "embedding or head (GiB)", "calibration peak (GiB)",
+                     "perplexity peak (GiB)", "read per pass (GB)", f"seconds to read a pass at {disk:,.0f} MB/s"],
+                    rows)
+            + "\n\nPeak = one layer + the embedding or the head + the streams of every window at the current "
+              "layer (per variant whose stream differs, the stream kept at an open gap, and the output being built) "
+              "+ the float64 sums (3 d x d per gap) + the logits of one chunk of positions "
+              f"({LOGITS_BUDGET / 2**20:.0f} MiB). {fits} Past the stream budget the windows go through in groups, "
+              "each reading the layers again (`--dry-run` prints the plan); reading time is the disk's alone, the "
+              "compute of the layers comes on top of it.")
 
 
 if __name__ == "__main__":

@@ -372,8 +372,10 @@ def save(model, path, tokenizer=None, recipe=None, **save_options):
     Example:
         >>> ghosted.save(run.results["ghost"].model, "smollm2-ghost", lm, recipe=run)
     """
+    from ghosted.models.lazy import require_whole
     from ghosted.operators.checkpoint import save_recovered
 
+    require_whole(_model_of(model), "saving (it writes every kept weight)")
     return save_recovered(_model_of(model), path, tokenizer, recipe, **save_options)
 
 

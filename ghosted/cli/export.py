@@ -51,6 +51,9 @@ def handle(args) -> int:
     from ghosted.experiments.validate import check_export, check_export_model, facts_of_model
 
     spec = spec_from_args(args).with_options(methods=[args.method])  # the experiment: every check reads it
+    if spec.model.layerwise:
+        raise ValueError("export does not run layer by layer yet: it writes every kept weight at once, so it needs "
+                         "the model loaded whole; run export without --layerwise (or with --device-map auto).")
     check_output_folder(args.out, args.overwrite, spec.model.source)  # before loading: a typo costs nothing
     check_export(spec)  # every setting, before the model is loaded
     if args.dry_run:

@@ -25,7 +25,7 @@ Example:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import pandas as pd
@@ -191,7 +191,10 @@ class Session:
             raise ValueError("Methods other than 'dense' need layers to drop (--drop).")
         names = self.fitted_methods(methods)
         windows = self.calibration()
-        run = recover(self.lm.model, choice.layers, names, windows.fit, windows.heldout, self.spec.recovery_config(),
+        config = self.spec.recovery_config()
+        if lazy_of(self.lm.model) is not None:  # a layer read from the checkpoint has no weight to fold into
+            config = replace(config, fold=False)
+        run = recover(self.lm.model, choice.layers, names, windows.fit, windows.heldout, config,
                       progress=self.progress, cache=self.cache)
         refs = registry.with_role(self.spec.methods if methods is None else methods, registry.REFERENCE)
         spec = self.spec.with_options(drop=choice.text, select="", n=0, methods=[*refs, *names])

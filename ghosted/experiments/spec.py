@@ -228,10 +228,8 @@ class ExperimentSpec:
 
         r, c = self.recovery, self.calibration
         same = {f.name for f in fields(RecoveryConfig)} & {f.name for f in fields(RecoverySpec)}  # by name
-        values = {name: getattr(r, name) for name in same}
-        if self.model.layerwise:  # a layer read from the checkpoint has no weight to fold into: the hooked form
-            values["fold"] = False
-        return RecoveryConfig(**values, calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
+        return RecoveryConfig(**{name: getattr(r, name) for name in same},
+                              calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
 
 
 # ------------------------------------------------------------------------------------ the fields

@@ -10,7 +10,8 @@ batch. Per pass:
   2. *Layers*: layer i is made resident, every variant that keeps it runs it on each batch's stream
      with the recorded arguments, the layer is freed. Variants whose streams are still equal (dense and
      a pruned model before its first gap, each variant holding the very same layer object) share one
-     computation and one stream; a stream no variant holds any more is freed.
+     computation and one stream; a stream no variant holds any more is freed. Pre-hooks a variant put on
+     its own stack (the sink context of robust operators) run per batch before its layers, as in its forward.
   3. *Tail* (final norm and head resident): ``Tail.normed`` runs the stack's own forward again with
      every layer returning the final stream, so the final norm (and OPT's projection) are the model's
      own; ``Tail.logits`` applies the head (and Gemma's soft-capping) to a chunk of positions.
@@ -116,6 +117,7 @@ class LayerPass:
         """
         total = len(self.layers) if until is None else until
         recorded = self.prelude(batches)
+        self._batches, self._stacks = batches, {name: stack_of(v) for name, v in variants.items()}
         positions = {name: {orig: pos for pos, orig in enumerate(original_indices(v))} for name, v in variants.items()}
         streams: dict[int, list[torch.Tensor]] = {0: [r.embedded for r in recorded]}
         holds = dict.fromkeys(variants, 0)  # variant -> stream id
@@ -144,6 +146,8 @@ class LayerPass:
             self._current = names
             for self._batch, (x, rec) in enumerate(zip(streams[source], recorded)):
                 self._seq_len = x.size(1)
+                for name in names:
+                    self._stack_hooks(name, self._batches[self._batch])
                 new.append(hidden_of(layer(x, *rec.calls[i][0], **rec.calls[i][1])))  # (B, T, d)
             key = max(streams) + 1
             streams[key] = new
@@ -151,6 +155,21 @@ class LayerPass:
                 holds[name] = key
         for key in [k for k in streams if k not in holds.values()]:
             del streams[key]
+
+    def _stack_hooks(self, name: str, batch: Batch) -> None:
+        """The forward pre-hooks a variant put on its own stack (the sink context of robust operators), run
+        with this batch's stack arguments, as the variant's own forward would before its layers."""
+        stack = self._stacks[name]
+        if stack is self.stack or not stack._forward_pre_hooks:
+            return
+        ids, mask = batch
+        kwargs = dict(input_ids=ids.to(self.lazy.device), use_cache=False,
+                      attention_mask=None if mask is None else mask.to(self.lazy.device))
+        for key, hook in stack._forward_pre_hooks.items():
+            if key in stack._forward_pre_hooks_with_kwargs:
+                hook(stack, (), kwargs)
+            else:
+                hook(stack, ())
 
     @staticmethod
     def _boundary(b: int, streams, holds, boundaries, on_boundary) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ghosted.core.untrusted import check_safetensors_header, confined_file, read_json_file
+from ghosted.core.untrusted import SAFETENSORS_ITEM_BYTES, check_safetensors_header, confined_file, read_json_file
 
 INDEX_FILE = "model.safetensors.index.json"
 _SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -113,7 +113,7 @@ def _bytes(shape: tuple[int, ...], dtype: str) -> int:
     count = 1
     for n in shape:
         count *= n
-    return count * (torch.finfo(_SAFETENSORS_DTYPES[dtype]).bits // 8 if dtype in _SAFETENSORS_DTYPES else 4)
+    return count * SAFETENSORS_ITEM_BYTES.get(dtype, 4)
 
 
 class LazyModel:
@@ -155,8 +155,9 @@ class LazyModel:
                                       f"{self.folder}: the checkpoint is incomplete or of another architecture.")
             file, shape, dtype = self.checkpoint.entries[found[0]]
             if tensors[key].is_floating_point() and dtype not in _SAFETENSORS_DTYPES:
-                raise CheckpointError(f"Tensor {found[0]!r} in {file} is stored as {dtype}, not as a floating-point "
-                                      "type: the file is damaged or not this model's. Download it again.")
+                raise CheckpointError(f"Tensor {found[0]!r} in {file} is stored as {dtype}, not as F64, F32, F16 or "
+                                      "BF16: a quantised or damaged checkpoint, which is not read layer by layer. "
+                                      "Load it without layerwise, or pass an unquantised copy.")
             if shape != tuple(tensors[key].shape):
                 raise CheckpointError(f"Tensor {found[0]!r} in {file} has shape {list(shape)}, but the config asks "
                                       f"for {list(tensors[key].shape)}: the weights do not belong to this config.")

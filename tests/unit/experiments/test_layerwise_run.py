@@ -54,6 +54,12 @@ def test_api_load_layerwise_evaluates_and_refuses_whole_model_steps_clearly(fold
     whole = ghosted.load(folder)
     got, want = ghosted.evaluate(lm, tokens=96, seq_len=32), ghosted.evaluate(whole, tokens=96, seq_len=32)
     assert math.isclose(got.ppl, want.ppl, rel_tol=TINY_MODEL_TOL)
+    calib = ghosted.calibrate(lm, n_seqs=4, seq_len=32)
+    run, want_run = (ghosted.fit(m, "2-3", calib, methods=["ghost", "replaceme-ls"]) for m in (lm, whole))
+    for method in ("ghost", "replaceme-ls"):  # ReplaceMe hooked on the layer-wise model, folded on the whole one
+        got_ppl = ghosted.evaluate(run.results[method].model, lm, tokens=96, seq_len=32).ppl
+        want_ppl = ghosted.evaluate(want_run.results[method].model, whole, tokens=96, seq_len=32).ppl
+        assert math.isclose(got_ppl, want_ppl, rel_tol=TINY_MODEL_TOL)
     with pytest.raises(LayerwiseUnsupported, match="read layer by layer .* generation runs the whole model"):
         ghosted.generate(lm, lm.tokenizer, ["w3 w4"], max_new_tokens=2)
 
@@ -67,3 +73,17 @@ def test_dry_run_prints_the_layerwise_memory_plan(folder, capsys):
     assert "layer-wise: 6 layers of up to" in out
     assert "calibration: 32 windows in 1 group(s)" in out and "perplexity x3: 8 windows" in out
     assert "peak ~" in out and "at 1,000 MB/s" in out
+
+
+@pytest.mark.parametrize("command", [["influence", "--out-dir", "{tmp}/influence"],
+                                     ["export", "--drop", "2-3", "--method", "ghost", "--out", "{tmp}/export"]])
+def test_commands_not_on_the_layerwise_path_refuse_with_one_line(folder, tmp_path, capsys, command):
+    from ghosted.cli import main
+
+    args = [part.format(tmp=tmp_path) for part in command]
+    code = main([args[0], "--model", folder, "--layerwise", "--calib-seqs", "4", "--seq-len", "32", "--quiet",
+                 *args[1:]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "without --layerwise" in err[0] or "without layerwise" in err[0]
+    assert not (tmp_path / "export").exists()

@@ -278,3 +278,23 @@ def sharded_once(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sharded")
     tiny_model("llama").save_pretrained(folder, max_shard_size="20KB")
     return folder
+
+
+@torch.no_grad()
+def test_a_sink_robust_operator_sees_its_sinks_on_the_layer_wise_path(tmp_path):
+    """The operator's sink mask is set by a pre-hook on its model's stack, which the layer pass runs per batch."""
+    from ghosted.recovery.fitting import recover
+
+    model = tiny_model("llama")
+    model.save_pretrained(tmp_path)
+    lazy = LazyModel(tmp_path)
+    windows = _windows(n=4, length=16)
+    whole = recover(model, "2-3", ["ghost-robust"], windows).results["ghost-robust"].model
+    view = recover(lazy.model, "2-3", ["ghost-robust"], windows).results["ghost-robust"].model
+    batch = (windows.input_ids[:2], windows.attention_mask[:2])
+    runner = LayerPass(lazy)
+    final = runner.run([batch], {"robust": view})["robust"][0]
+    with runner.tail() as tail:
+        got = tail.logits(tail.normed(final, *batch))
+    want = whole(input_ids=batch[0], attention_mask=batch[1], use_cache=False).logits
+    assert torch.allclose(got, want, rtol=TINY_MODEL_TOL, atol=TINY_MODEL_TOL)
