@@ -76,10 +76,11 @@ def borrowed(row) -> bool:
 
 
 def fit_seconds(row) -> float | None:
-    """A method's time to fit: its own solve or training, plus the shared calibration pass when it reads it."""
-    if row.method in ("dense", "none") or pd.isna(row.solve_seconds) or borrowed(row):
+    """A method's time to fit (``row``: its grid row, named by the method): its own solve or training, plus
+    the shared calibration pass when it reads it."""
+    if row.name in ("dense", "none") or pd.isna(row.solve_seconds) or borrowed(row):
         return None
-    shared = row.calib_seconds if row.method in SHARED_STATS and not pd.isna(row.calib_seconds) else 0.0
+    shared = row.calib_seconds if row.name in SHARED_STATS and not pd.isna(row.calib_seconds) else 0.0
     return float(row.solve_seconds) + float(shared)
 
 
