@@ -1,13 +1,13 @@
 """The training-free frontier: the closed-form replacement layer (``layer-ls``) against ``ghost`` and the
 trained LLM-Streamline layer (``streamline-layer``), cell by cell of the reproduction grid.
 
-Runs ``python -m ghosted grid`` on the cells asked for (or reads grids already run, ``--from DIR,DIR``:
-one folder per cell, run one at a time on a shared machine), keeps their rows in the committed results file
-``docs/results/frontier.json`` and writes the ``<!-- curve:frontier -->`` section of docs/REPRODUCTION.md
-from it (``docs/results/curve/frontier.json``): per cell and evaluation text, each method's perplexity with
-its 95 % bootstrap interval, KL from and top-1 agreement with the dense model, its parameters beyond the
-pruned model, and its fit time against ``ghost``'s. A fit's time is its own solve or training plus, for the
-methods that read the shared calibration statistics (every closed form here), that pass; the trained
+Runs ``python -m ghosted grid`` on the cells asked for (or reads grids already run, ``--from DIR,DIR``: one
+folder per cell, run one at a time on a shared machine), keeps their rows in the committed results file
+``docs/results/frontier.json`` and writes the ``<!-- frontier:table -->`` section of docs/REPRODUCTION.md from
+it (``python -m bench.docs`` renders it again from that file): per cell and evaluation text, each method's
+perplexity with its 95 % bootstrap interval, KL from and top-1 agreement with the dense model, its parameters
+beyond the pruned model, and its fit time against ``ghost``'s. A fit's time is its own solve or training plus,
+for the methods that read the shared calibration statistics (every closed form here), that pass; the trained
 layer captures its own stream pairs and reads none.
 
 Command: ``python -m bench.frontier [--selections shortgpt] [--n 7,11] [--out-dir frontier-grid]``, or
@@ -25,7 +25,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import RESULTS, ensure_path, table, write_reproduction_section
+from bench._common import RESULTS, ROOT, command_line, ensure_path, machine, table, today
 
 ensure_path()
 
@@ -33,6 +33,9 @@ import pandas as pd  # noqa: E402
 
 METHODS = ["dense", "none", "ghost", "layer-ls", "streamline-layer"]
 RESULT_FILE = RESULTS / "frontier.json"  # the rows every number of the section comes from
+DOC = ROOT / "docs" / "REPRODUCTION.md"
+BLOCK = "frontier:table"  # its markers in DOC
+TITLE = "The closed-form replacement layer against the trained one"
 GRID_FILE = RESULTS / "grid.json"  # the committed reproduction grid: the reference rows a cell run here lacks
 SHARED_STATS = {"ghost", "ghost-robust", "ghost-auto", "layer-ls"}  # read the shared calibration pass
 
@@ -110,12 +113,13 @@ def cell_rows(frame: pd.DataFrame) -> list[list]:
 
 
 def render(result: dict) -> str:
-    """The section's body from the committed rows."""
+    """The section from the committed rows (``bench.docs`` renders it again from the file)."""
     frame = pd.DataFrame(result["rows"])
     header = ["cell", "text", "method", "perplexity [95 %]", "KL · top-1", "parameters added", "fit s",
               "fit vs ghost"]
     commands = "; ".join(f"`{c}`" for c in result["commands"])
-    return (f"From `docs/results/frontier.json`, made by {commands}. Perplexity of the first calibration draw "
+    return (f"## {TITLE}\n\n`{result['command']}`, {result['date']}; {result['machine_line']}.\n\n"
+            f"From `docs/results/frontier.json`, made by {commands}. Perplexity of the first calibration draw "
             "(bundled:news, 32 x 256 tokens + 8 held-out windows) with its 95 % bootstrap interval over the "
             "evaluation windows; KL(dense ‖ model) in nats per token and top-1 agreement with the dense model; "
             "parameters beyond the pruned model; fit time: the method's own solve or training plus, for the "
@@ -141,11 +145,18 @@ def main(argv: list[str] | None = None) -> dict:
     args, extra = p.parse_known_args(argv)
     folders = [f for f in args.folders.split(",") if f] or run_cells(args.selections, args.n, args.methods,
                                                                      args.out_dir, extra)
-    result = gather(folders)
+    from ghosted.core.docblocks import markers, write_block
+
+    result = {"command": command_line("frontier", argv), "date": today(), "machine_line": machine(),
+              **gather(folders)}
     RESULT_FILE.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    write_reproduction_section("frontier", "The closed-form replacement layer against the trained one", argv,
-                               render(result))
+    write_block(DOC, *markers(BLOCK), render(result), append=True)
     return result
+
+
+def block() -> str:
+    """The section as ``bench.docs`` renders it from the committed file."""
+    return render(json.loads(RESULT_FILE.read_text(encoding="utf-8")))
 
 
 if __name__ == "__main__":
