@@ -14,6 +14,7 @@ Where each block comes from:
   written by ``python -m bench.grid``, read and rendered by ``bench.grid_results``;
 - ``run:*`` (README, docs/REPRODUCTION.md): a ``python -m ghosted run --out`` results file in
   ``docs/results/runs/``, rendered by ``bench.run_tables``;
+- ``frontier:table`` (docs/REPRODUCTION.md): ``docs/results/frontier.json``, written by ``python -m bench.frontier``;
 - ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``.
 """
 
@@ -81,6 +82,16 @@ def _methods() -> Block:
                  methods.README_START, methods.README_END)
 
 
+def _frontier() -> Block:
+    """docs/REPRODUCTION.md's closed-form frontier cells, from docs/results/frontier.json."""
+    def render() -> str:
+        from bench import frontier
+
+        return frontier.block()
+
+    return Block(REPRODUCTION, "frontier:table", "docs/results/frontier.json", render)
+
+
 def _classroom_load() -> Block:
     """docs/DEPLOY.md's sentence on a class at once, from bench/results/load.json (empty until measured)."""
     def render() -> str:
@@ -112,6 +123,7 @@ def blocks() -> list[Block]:
              _grid("grid:ordering", REPRODUCTION, "paper_ordering"),
              _grid("grid:sink-cell", REPRODUCTION, "sink_cell"),
              _grid("grid:questions", REPRODUCTION, "three_questions"),
+             _frontier(),
              _classroom_load(), _scale_layerwise()]
     for kind in SECTION_DOCS:
         found += [_section(kind, path) for path in sorted((RESULTS / kind).glob("*.json"))]

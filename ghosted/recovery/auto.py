@@ -49,9 +49,10 @@ def fit_auto(ctx: FitContext, name: str) -> MethodResult:
     fits, choices, mine, paper = _auto(ctx, name)
     fits, note = _auto_safeguard(ctx, name, fits, choices, mine, "the paper's fit everywhere", lambda: paper)
     gaps = ctx.stream_gaps
-    return assembled_result(ctx, entry, fits, choices, time.perf_counter() - t0, ctx.pick(ctx.stats, gaps),
-                      ctx.pick(ctx.heldout, gaps), ctx.calib_seconds, statistics=ctx.shared,
-                      **({"notes": [note]} if note else {}))
+    result = assembled_result(ctx, entry, fits, choices, time.perf_counter() - t0, ctx.pick(ctx.stats, gaps),
+                              ctx.pick(ctx.heldout, gaps), ctx.calib_seconds, statistics=ctx.shared,
+                              **({"notes": [note]} if note else {}))
+    return or_solved_layers(ctx, result)
 
 
 def _heldout(ctx: FitContext, fits: dict[Gap, GapFit], name: str) -> WindowScores:
@@ -166,8 +167,38 @@ def _auto_sequential(ctx: FitContext, entry: registry.Method) -> MethodResult:
     fits, note = _auto_safeguard(ctx, name, fits, rows, final, "the paper's fit everywhere (sequential)",
                                  lambda: sequential_fits(ctx, fit_ghost, name, sinks=False).fits)
     notes = ["sequential: each gap's candidates fitted on the model patched upstream with the choices made so far"]
-    return assembled_result(ctx, entry, fits, rows, solve_seconds, fit_stats, held_stats, calib_seconds,
-                      notes=notes + ([note] if note else []))
+    return or_solved_layers(ctx, assembled_result(ctx, entry, fits, rows, solve_seconds, fit_stats, held_stats,
+                                                  calib_seconds, notes=notes + ([note] if note else [])))
+
+
+def or_solved_layers(ctx: FitContext, result: MethodResult) -> MethodResult:
+    """``result``, or ``layer-ls``'s solved replacement layers (``ghosted.recovery.layer_ls``) when they predict
+    the held-out windows significantly better than it (the same rule as every choice here). Not tried, and
+    the notes say why, for layers it cannot solve or with too few held-out windows. Only with ``cfg.auto_layers``
+    (off by default: the solve costs several times ghost's fit, and the result has layers put back)."""
+    from ghosted.recovery.layer_ls import against
+
+    if not ctx.cfg.auto_layers:
+        return result
+    refused = registry.refusals(["layer-ls"], ctx.model).get("layer-ls")
+    if refused or ctx.heldout_windows.input_ids.size(0) < MIN_HELDOUT_WINDOWS:
+        why = refused or f"fewer than {MIN_HELDOUT_WINDOWS} held-out windows"
+        result.notes.append(f"solved replacement layers (layer-ls) not tried: {why}")
+        return result
+    t0 = time.perf_counter()
+    verdict = against(ctx, result.model, "the gap-by-gap choices")
+    result.solve_seconds += time.perf_counter() - t0
+    if not verdict.better:
+        result.notes.append(f"solved replacement layers (layer-ls): {verdict.text}")
+        return result
+    for row in result.choices:
+        row["chosen"] = "layers"
+        row["reason"] += f"; replaced by the solved replacement layers of layer-ls: {verdict.text}"
+    return MethodResult(result.method, verdict.model, "layer", {}, {}, None, result.solve_seconds, result.calib_seconds,
+                        notes=[*result.notes, f"solved replacement layers ({verdict.parameters} parameters back): "
+                                              f"{verdict.text}"],
+                        choices=result.choices + [{"method": result.method, **row} for row in verdict.rows],
+                        statistics=result.statistics)
 
 
 def _auto_safeguard(ctx: FitContext, name: str, fits: dict[Gap, GapFit], rows: list[dict], mine: WindowScores,

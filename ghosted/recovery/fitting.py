@@ -70,6 +70,8 @@ class RecoveryConfig:
     sink_map: str = "constant"  # what sinks become: "constant" (mean X_post) or "affine"
     choose_ridge: bool = True  # robust methods: pick the ridge on held-out calibration tokens
     rank: int | None = None  # ghost-lowrank: rank R of M = U·V (None: d/4)
+    auto_layers: bool = False  # ghost-auto: also try layer-ls's solved replacement layers (same significance
+    # rule); off by default: it costs the layer solve (several times ghost's fit) and puts layers back
     streamline: StreamlineConfig = field(default_factory=StreamlineConfig)  # streamline-* training
     report_sinks: bool = True  # keep sink sub-statistics for the sink report even when no robust
     # method is fitted (one more set of d x d sums; the plain fits do not change)

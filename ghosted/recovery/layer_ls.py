@@ -127,18 +127,20 @@ def solve_projection(fit: LayerMoments, heldout: LayerMoments, start: torch.Tens
     scale = float(values.mean()) or 1.0
     rotated = vectors.T @ fit.ut  # (f, d)
     shrink = vectors.T @ start  # (f, d)
-    trials = {COPY: start}
-    for alpha in RIDGES:
+    errors = {COPY: heldout.error(start)}
+    best = (errors[COPY] if math.isfinite(errors[COPY]) else math.inf, COPY, start)
+    for alpha in RIDGES:  # one candidate alive at a time besides the best: 2 x (f, d) float64
         lam = alpha * scale
-        trials[alpha] = vectors @ ((rotated + lam * shrink) / (values + lam)[:, None])  # (f, d)
-    errors = {alpha: heldout.error(a) for alpha, a in trials.items()}
-    finite = {alpha: e for alpha, e in errors.items() if math.isfinite(e)}
-    alpha = min(finite, key=finite.get) if finite else COPY
+        a = vectors @ ((rotated + lam * shrink) / (values + lam)[:, None])  # (f, d)
+        errors[alpha] = heldout.error(a)
+        if errors[alpha] < best[0]:  # a NaN error is never chosen
+            best = (errors[alpha], alpha, a)
+    _, alpha, a = best
     details = {"ridge": None if alpha == COPY else alpha * scale, "relative_ridge": None if alpha == COPY else alpha,
-               "kept_copy": alpha == COPY, "fit_relative_error": fit.error(trials[alpha]) / fit.base,
+               "kept_copy": alpha == COPY, "fit_relative_error": fit.error(a) / fit.base,
                "heldout_relative_error": errors[alpha] / heldout.base,
                "heldout_relative_error_copy": errors[COPY] / heldout.base, "tokens": fit.tokens}
-    return trials[alpha], details
+    return a, details
 
 
 def solve_layers(ctx) -> tuple[dict[Gap, nn.Module], list[dict]]:

@@ -13,7 +13,7 @@ from ghosted.models.loading import OPERATORS_FILE
 from ghosted.operators.checkpoint import load_recovered, save_recovered
 from ghosted.operators.sites import operators_of
 from ghosted.recovery import heldout, methods as registry
-from ghosted.recovery.fitting import recover
+from ghosted.recovery.fitting import RecoveryConfig, recover
 from ghosted.recovery.layer_ls import COPY, RIDGES, check_layers
 from tests.tiny import random_ids, tiny_model
 
@@ -177,3 +177,32 @@ def test_the_grid_skips_it_with_a_note_on_layers_it_cannot_solve():
     methods, notes = applicable(["ghost", "layer-ls"], [2, 3], tiny_model("olmo2"))
     assert methods == ["ghost"] and len(notes) == 1 and notes[0].startswith("layer-ls skipped: layer-ls solves")
     assert applicable(["ghost", "layer-ls"], [2, 3], tiny_model("llama")) == (["ghost", "layer-ls"], [])
+
+
+def test_ghost_auto_takes_the_solved_layers_only_when_they_win_on_held_out_windows():
+    model = tiny_model("llama", layers=6)
+    calib, held = windows(32), windows(8, seed=9)
+    plain = recover(model, DROP, ["ghost-auto"], calib, held)  # off by default
+    assert plain.results["ghost-auto"].kind == "stream"
+    assert not any("layer-ls" in note for note in plain.results["ghost-auto"].notes)  # as before: nothing tried
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heldout, "wins", lambda candidate, simpler: (True, None))
+        both = recover(model, DROP, ["ghost-auto", "layer-ls"], calib, held, RecoveryConfig(auto_layers=True))
+    auto = both.results["ghost-auto"]
+    assert auto.kind == "layer" and auto.model.ghosted_layers == [0, 1, 2, 3, 5]
+    assert torch.equal(logits(auto.model), logits(both.results["layer-ls"].model))  # the same solved layers
+    rows = both.choices().query("method == 'ghost-auto'")
+    assert set(rows.dropna(subset=["chosen"]).chosen) == {"layers"}
+    assert "replaced by the solved replacement layers" in rows.dropna(subset=["chosen"]).reason.iloc[0]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(heldout, "wins", lambda candidate, simpler: (False, None))
+        kept = recover(model, DROP, ["ghost-auto"], calib, held, RecoveryConfig(auto_layers=True)).results["ghost-auto"]
+    assert kept.kind == "stream" and "kept the gap-by-gap choices" in kept.notes[-1]
+    assert torch.equal(logits(kept.model), logits(plain.results["ghost-auto"].model))
+
+
+def test_ghost_auto_says_why_it_did_not_try_layers_it_cannot_solve():
+    model = tiny_model("olmo2", layers=6)
+    run = recover(model, "2-3", ["ghost-auto"], windows(8, 16), windows(4, 16, seed=3),
+                  RecoveryConfig(auto_layers=True))
+    assert "not tried: layer-ls solves the output projection" in run.results["ghost-auto"].notes[-1]
