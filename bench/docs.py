@@ -14,7 +14,8 @@ Where each block comes from:
   written by ``python -m bench.grid``, read and rendered by ``bench.grid_results``;
 - ``run:*`` (README, docs/REPRODUCTION.md): a ``python -m ghosted run --out`` results file in
   ``docs/results/runs/``, rendered by ``bench.run_tables``;
-- ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``.
+- ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``;
+- ``deploy:budgets`` (docs/DEPLOY.md): the deployment presets and the cost model (``bench.cost.budgets``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def _classroom_load() -> Block:
     return Block(ROOT / "docs" / "DEPLOY.md", "load:classroom", "bench/results/load.json", render)
 
 
+def _budgets() -> Block:
+    """docs/DEPLOY.md's budgets per job and per visitor, from the deployment presets and the cost model."""
+    from bench import cost
+
+    return Block(ROOT / "docs" / "DEPLOY.md", "deploy:budgets", "ghosted/service/deploy.py and ghosted/service/cost.py",
+                 cost.budgets)
+
+
 def blocks() -> list[Block]:
     """Every generated block of the documents, in document order."""
     found = [_methods(),
@@ -102,7 +111,7 @@ def blocks() -> list[Block]:
              _grid("grid:ordering", REPRODUCTION, "paper_ordering"),
              _grid("grid:sink-cell", REPRODUCTION, "sink_cell"),
              _grid("grid:questions", REPRODUCTION, "three_questions"),
-             _classroom_load()]
+             _classroom_load(), _budgets()]
     for kind in SECTION_DOCS:
         found += [_section(kind, path) for path in sorted((RESULTS / kind).glob("*.json"))]
     return found
