@@ -17,7 +17,7 @@ EXAMPLES = {  # test name -> examples CI runs (fixed: the CI cost stays what it 
     "spec_dict_any_json": 200, "spec_dict_one_leaf_changed": 300, "spec_file_mutated": 120, "cli_recipe_mutated": 25,
     "folder_recipe_mutated": 40, "folder_operators_crafted": 40, "folder_weights_mutated": 25,
     "folder_paths": 25, "headers_mutated": 150, "window_counts": 200, "gap_text": 200,
-    "cost_grows_with_every_lever": 150, "cost_against_measured_peak": 4,
+    "cost_grows_with_every_lever": 150, "cost_against_measured_peak": 4, "layerwise_checkpoint_mutated": 40,
 }
 MEMORY_MB = 512  # what one parse may add to the process's address space (a 10**11-layer range needs ~4 TB)
 

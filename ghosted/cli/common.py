@@ -14,7 +14,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_spec_args(g, ["model", "device", "dtype", "device_map"])
     g.add_argument("--offload-folder", default=None,
                    help="with --device-map: folder for the layers that fit on no device (disk offload)")
-    add_spec_args(g, ["trust_remote_code"])
+    add_spec_args(g, ["trust_remote_code", "layerwise"])
 
 
 def add_text_args(p: argparse.ArgumentParser, calib: bool = True, evaluation: bool = True) -> None:
@@ -90,7 +90,7 @@ def model_fields(args) -> dict:
     if isinstance(args, ExperimentSpec):
         return asdict(args.model)
     return {"source": args.model, "device": args.device, "dtype": args.dtype, "device_map": args.device_map,
-            "trust_remote_code": args.trust_remote_code}
+            "trust_remote_code": args.trust_remote_code, "layerwise": getattr(args, "layerwise", False)}
 
 
 def write_json(path: str | None, payload: dict) -> None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ghosted.models.capture import input_device
+from ghosted.models.lazy import require_whole
 
 
 @dataclass
@@ -44,6 +45,7 @@ def generate(model: nn.Module, tokenizer, prompts: list[str] | str,
         >>> generate(model, tok, ["Albert Einstein was"], max_new_tokens=20)
         [' a German-born physicist who ...']
     """
+    require_whole(model, "generation")
     cfg = replace(config or GenerationConfig(), **overrides)  # the caller's config is left as it was
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or any(not p.strip() for p in prompts):

@@ -85,9 +85,11 @@ def perplexity(model: nn.Module, windows, batch_size: int = 4, progress: Progres
 
 
 def scored_result(scores: WindowScores, seconds: float, model: nn.Module, windows, label: str,
-                  summary: dict) -> PerplexityResult:
-    """The PerplexityResult of ``scores`` with its protocol, after the checks of ``mean_nll``."""
-    dtype, device = model_dtype_device(model)
+                  summary: dict, device: str | None = None) -> PerplexityResult:
+    """The PerplexityResult of ``scores`` with its protocol, after the checks of ``mean_nll`` (``device``:
+    where it ran, when not the model's input device: a layer-wise model's weights sit on ``meta``)."""
+    dtype, input_at = model_dtype_device(model)
+    device = device or input_at
     mean = mean_nll(scores.total_nll, scores.total_tokens, windows, label, dtype)
     protocol = {**getattr(windows, "protocol", {}), "dtype": dtype, "device": device,
                 "scored_tokens": scores.total_tokens}

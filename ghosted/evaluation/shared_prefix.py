@@ -33,7 +33,9 @@ from torch import nn
 
 from ghosted.models.architecture import embedding_of, layers_of, num_layers
 from ghosted.models.capture import input_device, tap
+from ghosted.models.lazy import lazy_of
 from ghosted.core.progress import Progress, counted
+from ghosted.evaluation.layerwise import layerwise_perplexities
 from ghosted.evaluation.perplexity import PerplexityResult, model_logits, require_scored_tokens, scored_result
 from ghosted.evaluation.scores import Reference, WindowScores, score_logits, summarize
 from ghosted.models.pruning import build_variant, original_indices
@@ -110,6 +112,10 @@ def perplexities(models: dict[str, nn.Module], windows, batch_size: int = 4, sha
     ``baselines`` that was scored. Each result's ``seconds`` is the variant's suffix time plus an
     equal share of the prefix time. ``share=False`` skips sharing.
     """
+    lazy = {id(lazy_of(m)): lazy_of(m) for m in models.values()}
+    if len(lazy) == 1 and None not in lazy.values():  # views of one model read layer by layer: chunked head
+        return layerwise_perplexities(next(iter(lazy.values())), models, windows, batch_size, progress,
+                                      reference if reference in models else None, baselines)
     require_scored_tokens(windows, ", ".join(models))
     items = list(models.items())
     k = shared_prefix_length([m for _, m in items]) if share else 0

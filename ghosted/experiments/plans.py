@@ -65,8 +65,30 @@ def plan_run(cfg, facts: ModelFacts) -> str:
              f"solver {cfg.solver})",
              f"estimated forward passes: about {passes} batches ({calib_batches} per calibration pass"
              f"{', one more to select the layers' if cfg.select else ''}; {eval_batches} per evaluated model; "
-             "sequential mode and ghost-auto's held-out choice add a few)"]
+             "sequential mode and ghost-auto's held-out choice add a few)",
+             *(_layerwise_lines(cfg, facts, drop, methods, fitted) if getattr(cfg, "layerwise", False) else [])]
     return "\n".join(["dry run: nothing is loaded or computed", *lines])
+
+
+def _layerwise_lines(cfg, facts: ModelFacts, drop: list[int], methods: list[str], fitted: list[str]) -> list[str]:
+    """The layer-wise memory plan (``--layerwise``): per pass, bytes read, groups, peak, time to read."""
+    from ghosted.calibration.collect import gaps_of
+    from ghosted.evaluation.layerwise import LOGITS_BUDGET
+    from ghosted.models import memory_plan
+    from ghosted.models.loading import resolve_device, resolve_dtype
+
+    if facts.layers is None or facts.hidden_size is None:
+        return [f"layer-wise memory plan: not available ({facts.note or 'the config gives no layer count or width'})"]
+    device = resolve_device(cfg.device)
+    gaps = len(gaps_of(drop)) if drop else 1
+    passes = [("calibration", cfg.calib_seqs, cfg.seq_len, 2 + 2 * gaps)] if fitted or cfg.select else []
+    if (fitted or cfg.select) and cfg.heldout_seqs:
+        passes.append(("held-out statistics", cfg.heldout_seqs, cfg.seq_len, 2 + 2 * gaps))
+    if not cfg.protocol:
+        passes.append((f"perplexity x{len(methods)}", cfg.eval_tokens // cfg.eval_seq_len, cfg.eval_seq_len,
+                       len(methods)))
+    return memory_plan.describe(cfg.model, facts.layers, facts.hidden_size, passes, cfg.batch_size,
+                                resolve_dtype(cfg.dtype, device), device, LOGITS_BUDGET)
 
 
 def _protocol_line(name: str) -> str:

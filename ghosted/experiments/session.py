@@ -40,6 +40,7 @@ from ghosted.evaluation.shared_prefix import perplexities
 from ghosted.experiments.evaluation_table import (EvaluationRow, EvaluationTable,  # noqa: F401 (read here too)
                                                  evaluation_row)
 from ghosted.experiments.spec import ExperimentSpec
+from ghosted.models.lazy import lazy_of
 from ghosted.models.loading import LoadedModel
 from ghosted.models.pruning import format_layers, parse_layers
 from ghosted.recovery import methods as registry
@@ -220,7 +221,7 @@ class Session:
                 continue
             if len(models) == 1:  # nothing to share: the plain pass, labelled by its method
                 (name, model), = models.items()
-                scored = {name: perplexity(model, windows, batch_size=batch, progress=self.progress, label=name)}
+                scored = {name: self._perplexity(model, windows, name)}
             else:
                 scored = perplexities(models, windows, batch_size=batch, progress=self.progress)
             rows += [evaluation_row(name, text, scored[name], model, recovery, errors)
@@ -232,8 +233,15 @@ class Session:
         (default: the spec's evaluation text, as ``evaluation`` draws it)."""
         if windows is None:
             windows = next(iter(self.evaluation().texts.values()))
-        return perplexity(self.lm.model if model is None else model, windows,
-                          batch_size=self.spec.calibration.batch_size, progress=self.progress)
+        return self._perplexity(self.lm.model if model is None else model, windows)
+
+    def _perplexity(self, model: nn.Module, windows: TokenWindows, label: str = "perplexity"):
+        """One model's plain pass; layer by layer (the head in chunks) when it is read from its checkpoint."""
+        batch = self.spec.calibration.batch_size
+        if lazy_of(model) is not None:
+            scored = perplexities({label: model}, windows, batch_size=batch, progress=self.progress, reference=None)
+            return scored[label]
+        return perplexity(model, windows, batch_size=batch, progress=self.progress, label=label)
 
     def unevaluated(self, fitted: FittedRun | None, reference: bool = True) -> EvaluationTable:
         """The rows of ``fitted``'s models without perplexity (a run stopped before it evaluated)."""
@@ -296,7 +304,8 @@ def load_spec_model(spec: ExperimentSpec, offload_folder: str | None = None) -> 
 
     m = spec.model
     return load_any(m.source, device=m.device, dtype=m.dtype, device_map=m.device_map,
-                    trust_remote_code=m.trust_remote_code, offload_folder=offload_folder)
+                    trust_remote_code=m.trust_remote_code, offload_folder=offload_folder,
+                    **({"layerwise": True} if m.layerwise else {}))
 
 
 def _layer_list(layers, model: nn.Module) -> list[int]:

@@ -90,6 +90,9 @@ class ModelSpec:
                                      "pass 'auto' to shard a model larger than one device (accelerate)")
     trust_remote_code: bool = _option(False, "--trust-remote-code",  # never run a hub model's code unasked
                                       "run code shipped with a hub model (off by default)")
+    layerwise: bool = _option(False, "--layerwise",  # each layer read from the shards only while it runs
+                              "read the decoder layers one at a time from the safetensors checkpoint (a model "
+                              "larger than the device's memory; calibration, fits and perplexity)")
 
 
 @dataclass
@@ -266,8 +269,10 @@ class ExperimentSpec:
 
         r, c = self.recovery, self.calibration
         same = {f.name for f in fields(RecoveryConfig)} & {f.name for f in fields(RecoverySpec)}  # by name
-        return RecoveryConfig(**{name: getattr(r, name) for name in same},
-                              calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
+        values = {name: getattr(r, name) for name in same}
+        if self.model.layerwise:  # a layer read from the checkpoint has no weight to fold into: the hooked form
+            values["fold"] = False
+        return RecoveryConfig(**values, calibration=CalibrationConfig(batch_size=c.batch_size, seed=c.seed))
 
 
 # ------------------------------------------------------------------------------------ the fields

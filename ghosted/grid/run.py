@@ -135,13 +135,16 @@ def choose_layers(session: Session, cfg: GridConfig) -> dict[tuple[str, int], tu
     return {(s, n): select(report, cfg.criterion(s), n) for s in cfg.selections for n in cfg.n_values}
 
 
-def applicable(methods: list[str], layers: list[int]) -> tuple[list[str], list[str]]:
-    """(methods that can recover ``layers``, notes on those that cannot)."""
+def applicable(methods: list[str], layers: list[int], model=None) -> tuple[list[str], list[str]]:
+    """(methods that can recover ``layers`` of ``model``, notes on those that cannot)."""
+    refused = registry.refusals(methods, model) if model is not None else {}
+    notes = [f"{name} skipped: {why}" for name, why in refused.items()]
+    methods = [m for m in methods if m not in refused]
     if 0 not in layers:
-        return methods, []
+        return methods, notes
     skipped = [m for m in methods if m in BRANCH_METHODS]
-    note = [f"{', '.join(skipped)}: no layer before layer 0 to carry ReplaceMe's map"] if skipped else []
-    return [m for m in methods if m not in BRANCH_METHODS], note
+    notes += [f"{', '.join(skipped)}: no layer before layer 0 to carry ReplaceMe's map"] if skipped else []
+    return [m for m in methods if m not in BRANCH_METHODS], notes
 
 
 def evaluate_setting(session: Session, layers: list[int], methods: list[str], evals: list[str],
@@ -309,7 +312,7 @@ class _GridRun:
         if key in store:
             return
         text = format_layers(layers) if first else f"{format_layers(layers)} seed {seed}"
-        methods, notes = applicable(fitted, layers)
+        methods, notes = applicable(fitted, layers, self.session.lm.model)
         cell_key = {"layers": list(layers), "methods": methods, "evals": self.texts,
                     **({} if first else {"seed": seed})}  # the first draw's key as before seeds existed
         record = self.find("cell", cell_key)

@@ -48,6 +48,7 @@ class LoadConfig:
     trust_remote_code: bool = False  # run code shipped with a hub model; off unless asked for
     revision: str | None = None  # hub revision (branch, tag or commit)
     offload_folder: str | None = None  # with device_map: where layers that fit nowhere go on disk
+    layerwise: bool = False  # read each decoder layer from the safetensors shards only while it runs
 
 
 @dataclass
@@ -237,8 +238,11 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
         check_weight_headers(location)
     if cfg.trust_remote_code and kind in ("folder", "hub"):
         warn_remote_code(cfg.source, kind, location)
-    model, tokenizer = _from_pretrained(location, cfg, dtype, offline_hint=kind == "hub")
-    if cfg.device_map is None:
+    if cfg.layerwise:
+        model, tokenizer = _layerwise(location, cfg, dtype, device, kind)
+    else:
+        model, tokenizer = _from_pretrained(location, cfg, dtype, offline_hint=kind == "hub")
+    if cfg.device_map is None and not cfg.layerwise:
         model = model.to(device)
     model.eval()
     model.requires_grad_(False)
@@ -247,7 +251,35 @@ def load_model(source: str = BUNDLED_MODEL, **options) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tokenizer, source=cfg.source, kind=kind,
                        device=device, dtype=str(dtype).replace("torch.", ""),
                        load_seconds=time.perf_counter() - started, revision=cfg.revision,
-                       extra={"location": location})
+                       extra={"location": location, **({"layerwise": True} if cfg.layerwise else {})})
+
+
+def _layerwise(location: str, cfg: LoadConfig, dtype: torch.dtype, device: str, kind: str):
+    """The lazy model's skeleton (``ghosted.models.lazy``) and the tokenizer: no weight is read yet."""
+    from transformers import AutoTokenizer
+
+    from ghosted.models.lazy import LazyModel
+
+    if cfg.device_map is not None:
+        raise ModelLoadError("Layer-wise execution and device_map are two ways to run a model larger than one "
+                             "device: choose one (layerwise reads one layer at a time onto one device).")
+    if kind == "hub":
+        location = _hub_snapshot(location, cfg.revision)
+    tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=cfg.trust_remote_code)
+    return LazyModel(location, dtype=dtype, device=device, trust_remote_code=cfg.trust_remote_code).model, tokenizer
+
+
+def _hub_snapshot(repo: str, revision: str | None) -> str:
+    """The local folder of a hub model's config, tokenizer and safetensors shards (downloaded when online)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return snapshot_download(repo, revision=revision, allow_patterns=["*.json", "*.safetensors", "*.model",
+                                                                          "*.txt", "*.tiktoken"])
+    except Exception as err:  # offline, unknown repository, gated model: say what to do
+        raise ModelLoadError(f"Could not fetch {repo!r} from the Hugging Face Hub ({type(err).__name__}). Download "
+                             f"it where there is internet (`hf download {repo} --local-dir ./my-model`) and pass "
+                             "the folder ./my-model instead of the hub id.") from err
 
 
 def check_weight_headers(folder: str | Path) -> None:

@@ -23,18 +23,17 @@ import time
 
 from ghosted.calibration.collect import Gap, gap_text
 from ghosted.core.progress import counted
-from ghosted.evaluation.intervals import Interval, IntervalConfig, paired_difference
 from ghosted.evaluation.scores import WindowScores
 from ghosted.operators.assembly import GapFit, assemble
 from ghosted.recovery import methods as registry
 from ghosted.recovery.fitting import FitContext, assembled_result, sequential_fits
 from ghosted.recovery.gap_fits import fit_ghost, fit_ghost_robust
+from ghosted.recovery.heldout import (AUTO_INTERVALS, MIN_HELDOUT_WINDOWS, heldout_scores,  # noqa: F401 (re-exported)
+                                      mean_nll as _mean, significant_gain, wins)
 from ghosted.recovery.methods import MethodResult
 
 AUTO_CANDIDATES = ("paper", "robust", "none")  # ghost-auto's choices per gap; "none": no operator there
 SIMPLEST_FIRST = ("none", "paper", "robust")  # the order of preference: a later one must win significantly
-MIN_HELDOUT_WINDOWS = 4  # below this a bootstrap over windows has at most 10 distinct resamples: no interval
-AUTO_INTERVALS = IntervalConfig()  # paired bootstrap of held-out NLL differences (95 %, seeded)
 _AUTO_FITS = {"paper": fit_ghost, "robust": fit_ghost_robust}  # the candidates with an operator
 _AUTO_LABEL = {"paper": "the paper's fit", "robust": "the robust fit",
                "none": "no operator (plain pruning is best here)"}
@@ -61,27 +60,9 @@ def _heldout(ctx: FitContext, fits: dict[Gap, GapFit], name: str) -> WindowScore
 
 
 def _heldout_many(ctx: FitContext, trials: dict[str, dict[Gap, GapFit]], name: str) -> dict[str, WindowScores]:
-    """``_heldout`` of several configurations in one pass: the cuts keep the very same layers up to the
-    first gap where they differ, so those layers run once for all (``shared_prefix``, equal to scoring
-    each alone)."""
-    from ghosted.evaluation.shared_prefix import perplexities
-
+    """``_heldout`` of several configurations in one pass (``heldout_scores``: the layers they share run once)."""
     models = {label: assemble(ctx.model, ctx.dropped, fits, name, rule=ctx.rule) for label, fits in trials.items()}
-    scored = perplexities(models, ctx.heldout_windows, batch_size=ctx.cfg.calibration.batch_size, reference=None,
-                          baselines=())
-    return {label: result.scores for label, result in scored.items()}
-
-
-def _mean(scores: WindowScores) -> float:
-    return scores.total_nll / scores.total_tokens
-
-
-def significant_gain(candidate: WindowScores, simpler: WindowScores) -> Interval | None:
-    """The held-out NLL change of ``candidate`` against ``simpler`` (paired over windows), or None when
-    there are too few held-out windows to put an interval on it."""
-    if len(simpler.nll) < MIN_HELDOUT_WINDOWS:
-        return None
-    return paired_difference(candidate.nll, simpler.nll, simpler.tokens, AUTO_INTERVALS, transform=None)
+    return heldout_scores(models, ctx.heldout_windows, ctx.cfg.calibration.batch_size)
 
 
 def decide(trials: dict[str, WindowScores]) -> tuple[str, dict]:
@@ -91,11 +72,11 @@ def decide(trials: dict[str, WindowScores]) -> tuple[str, dict]:
     before it), ``gain_c_low``/``gain_c_high``, ``gain_c_against``; ``heldout_windows``."""
     pick, fields = SIMPLEST_FIRST[0], {"heldout_windows": len(trials["none"].nll)}
     for candidate in SIMPLEST_FIRST[1:]:
-        gain = significant_gain(trials[candidate], trials[pick])
+        better, gain = wins(trials[candidate], trials[pick])
         fields.update({f"gain_{candidate}": _mean(trials[candidate]) - _mean(trials[pick]),
                        f"gain_{candidate}_low": gain.low if gain else None,
                        f"gain_{candidate}_high": gain.high if gain else None, f"gain_{candidate}_against": pick})
-        if gain is not None and gain.known and gain.estimate < 0 and gain.high < 0:
+        if better:
             pick = candidate
     return pick, fields
 

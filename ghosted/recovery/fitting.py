@@ -248,6 +248,8 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     methods = [m for m in dict.fromkeys(methods) if m not in registry.REGISTRY or registry.REGISTRY[m].fit]
     check_methods(methods, dropped, heldout_windows is not None)
     entries = [registry.REGISTRY[m] for m in methods]
+    for entry in entries:  # before any pass: a method that cannot fit this model says so now
+        registry.check_model(entry, model)
     stream_gaps = resolve_gaps(dropped, cfg.granularity)
     block_gaps = gaps_of(dropped, "block")
     wants_branch = any(e.kind == registry.BRANCH for e in entries)

@@ -37,6 +37,7 @@ STREAM = "stream operator"  # W applied to the residual stream at the gap (a mod
 BRANCH = "folded branch"  # a map on the MLP output of the layer before the gap, folded into its weights
 WEIGHTS = "folded weights"  # scales fused into existing weights: a plain checkpoint, no operator
 TRAINED = "trained module"  # a replacement trained by gradient descent on the calibration windows
+LAYER = "solved layer"  # a copy of a removed layer put back, its output projection solved in closed form
 NONE = "none"  # no recovery (or no pruning)
 
 # Roles: what a method's model is in a comparison (tables, charts and the best-recovery rule read them).
@@ -61,7 +62,7 @@ class Method:
     summary: str  # one line for --help and the app
     description: str  # the README's "what it is"
     paper: Paper | None  # None: Ghosted's own, or no method at all
-    kind: str  # RESULT_KINDS: "stream", "branch", "folded", "trained" or "none"
+    kind: str  # RESULT_KINDS: "stream", "branch", "folded", "trained", "layer" or "none"
     gaps: str  # gap granularity: "per --granularity" (auto, block or layer), "per block" (contiguous) or "-"
     statistics: str  # what the calibration pass collects for it
     heldout: str  # held-out calibration windows: "required", "used if given" or "no"
@@ -74,6 +75,8 @@ class Method:
     role: str = RECOVERY  # REFERENCE (the unpruned model), BASELINE (plain pruning) or RECOVERY
     closed_form: bool = True  # fitted in closed form from statistics; False: by gradient steps (trained)
     label: str = ""  # the name shown to users in tables and charts ("" : the name itself)
+    check: str | Callable = ""  # ``check(model)`` raising a ValueError for a model it cannot fit, run before any
+    # calibration pass (or its "module:function"); "" : every supported architecture
 
     @property
     def display(self) -> str:
@@ -151,6 +154,16 @@ REGISTRY: dict[str, Method] = {m.name: m for m in [
            "`--select prunecomp:<criterion>` runs its iterative prune-and-compensate loop on top of any criterion",
            PRUNECOMP, WEIGHTS, "per block", "mean |stream| per channel, one pass per block", "no",
            fit="ghosted.recovery.frontier:fit_prunecomp", scope="run"),
+    Method("layer-ls", "a copy of each block's first removed layer, its down-projection solved by least squares",
+           "a copy of each removed block's first layer put back (as `streamline-layer`), trained by nothing: its "
+           "attention and MLP input projections kept, its MLP down-projection solved by ridge least squares "
+           "against the dense stream at the block's end (d_ff-wide float64 statistics, ridge chosen on held-out "
+           "windows, blocks fitted in order on the stream patched upstream); kept only when it predicts the "
+           "held-out windows significantly better than `ghost` (next-token NLL, `ghost-auto`'s rule), otherwise "
+           "the result is `ghost`'s. Llama-like layers (a bias-free `down_proj` added to the stream)",
+           GHOSTED, LAYER, "per block", "UᵀU (d_ff x d_ff), UᵀT, ‖T‖² of the copied layer's MLP, float64", "required",
+           fit="ghosted.recovery.layer_ls:fit_layer_ls", scope="run", sequential=True,
+           check="ghosted.recovery.layer_ls:check_layers"),
     Method("streamline-ffn", "LLM-Streamline: a small FFN block trained with MSE to replace each removed block",
            "LLM-Streamline's *trained* replacement: a pre-norm SwiGLU block (fresh, output zero-initialised) "
            "trained with MSE from the stream entering the block to the stream leaving it, one per contiguous "
@@ -170,7 +183,8 @@ BASELINE_METHOD = next(n for n, m in REGISTRY.items() if m.role == BASELINE)  # 
 TRAINED_METHODS = tuple(n for n, m in REGISTRY.items() if not m.closed_form)  # fitted by gradient steps
 FITTED = tuple(name for name, m in REGISTRY.items() if m.fit)  # what recover() fits: ghosted.recovery.fitting.METHODS
 # MethodResult.kind of each kind of method
-RESULT_KINDS = {STREAM: "stream", BRANCH: "branch", WEIGHTS: "folded", TRAINED: "trained", NONE: "none"}
+RESULT_KINDS = {STREAM: "stream", BRANCH: "branch", WEIGHTS: "folded", TRAINED: "trained", LAYER: "layer",
+                NONE: "none"}
 
 
 def fit_function(method: Method) -> Callable:
@@ -178,6 +192,23 @@ def fit_function(method: Method) -> Callable:
     if not method.fit:
         raise ValueError(f"{method.name!r} is not fitted (it is the unpruned model); choose from {', '.join(FITTED)}.")
     return method.fit if callable(method.fit) else _resolve(method.fit)
+
+
+def check_model(method: Method, model) -> None:
+    """Raise ``method``'s ValueError when it cannot fit ``model`` (nothing when it has no check)."""
+    if method.check:
+        (method.check if callable(method.check) else _resolve(method.check))(model)
+
+
+def refusals(names, model) -> dict[str, str]:
+    """name -> why, for the methods among ``names`` that cannot fit ``model`` (their check's message)."""
+    out = {}
+    for name in (n for n in names if n in REGISTRY):
+        try:
+            check_model(REGISTRY[name], model)
+        except ValueError as err:
+            out[name] = str(err)
+    return out
 
 
 @cache

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -213,10 +214,19 @@ def train_ffn(model: nn.Module, gap: Gap, pairs: Pairs, heldout: Pairs | None, c
 # ---------------------------------------------------------------------------------- layer copy
 def train_layer(model: nn.Module, gap: Gap, pairs: Pairs, heldout: Pairs | None, cfg: StreamlineConfig,
                 progress: Progress | None = None) -> tuple[nn.Module, TrainReport]:
-    """A copy of layer ``gap.start`` (new tensors) trained on ``pairs``, run as a 1-layer model so
-    that its attention gets the right mask and positions; X is substituted at its input."""
-    source = gap.start
-    layer = copy.deepcopy(layers_of(model)[source])  # new tensors: the base layer is never trained
+    """A copy of layer ``gap.start`` (new tensors) trained on ``pairs``."""
+    with layer_copy(model, gap.start) as (layer, apply):
+        report = train_block(layer, apply, pairs, heldout, cfg, gap, progress)
+    report.source_layer = gap.start
+    return layer, report
+
+
+@contextmanager
+def layer_copy(model: nn.Module, source: int):
+    """A copy of layer ``source`` (new tensors: the base layer is never changed) and ``apply(ids, mask, x)
+    -> its output``, run as a 1-layer model so that its attention gets the right mask and positions; X
+    (B, T, d) is substituted at its input. The hooks are removed on exit; the copy is kept."""
+    layer = copy.deepcopy(layers_of(model)[source])
     view = build_variant(model, [source])
     layers_of(view)[0] = layer
     _set_layer_idx(layer, 0)
@@ -241,12 +251,10 @@ def train_layer(model: nn.Module, gap: Gap, pairs: Pairs, heldout: Pairs | None,
 
     handles = [layer.register_forward_pre_hook(substitute, with_kwargs=True), layer.register_forward_hook(stop)]
     try:
-        report = train_block(layer, apply, pairs, heldout, cfg, gap, progress)
+        yield layer, apply
     finally:
         for handle in handles:
             handle.remove()
-    report.source_layer = source
-    return layer, report
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -9,6 +9,7 @@ import torch
 
 from ghosted.models.architecture import embedding_of, layers_of
 from ghosted.evaluation.perplexity import perplexity
+from ghosted.recovery import methods as registry
 from ghosted.recovery.fitting import BRANCH_METHODS, METHODS, RecoveryConfig, recover
 from ghosted.evaluation.shared_prefix import SuffixView, perplexities, shared_prefix_length
 from ghosted.recovery.streamline import StreamlineConfig
@@ -25,7 +26,8 @@ def windows(n: int, length: int, seed: int) -> TokenWindows:
 def variants(model, drop: str, calib, heldout) -> dict:
     """dense plus every recovery method that applies to ``drop`` (ReplaceMe needs a layer before it)."""
     starts_at_zero = drop.split(",")[0].split("-")[0] == "0"
-    methods = [m for m in METHODS if not (starts_at_zero and m in BRANCH_METHODS)]
+    refused = registry.refusals(METHODS, model)  # layer-ls: Llama-like MLPs only
+    methods = [m for m in METHODS if not (starts_at_zero and m in BRANCH_METHODS) and m not in refused]
     # one training epoch: the trained replacements only need to exist here, not to converge
     quick = RecoveryConfig(streamline=StreamlineConfig(epochs=1))
     run = recover(model, drop, methods, calib, heldout, quick)

@@ -62,8 +62,8 @@ def test_perplexities_match_separate_evaluation(tiny_grid):
     lm, result = tiny_grid
     cfg = small_config()
     for source in cfg.evals:
-        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.base.evaluation.tokens,
-                                            cfg.base.evaluation.window, cfg.base.calibration.source)
+        windows = capped_evaluation_windows(lm.tokenizer, source, cfg.base.evaluation.eval_tokens,
+                                            cfg.base.evaluation.eval_seq_len, cfg.base.calibration.source)
         rows = result.frame[result.frame["eval"] == source]
         dense = perplexity(lm.model, windows, batch_size=2).ppl
         # the grid's shared evaluation runs the same float32 ops as evaluating alone (same machine, same
