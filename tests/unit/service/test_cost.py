@@ -109,3 +109,15 @@ def test_the_estimate_is_never_below_the_measured_peak_by_more_than_the_margin(f
     estimated = estimate(request, Shape.of(lm.model), refit=False).bytes / MIB
     assert estimated >= peak_mib - MARGIN_MIB, (estimated, peak_mib)
     assert estimated <= 2.5 * peak_mib + MARGIN_MIB, (estimated, peak_mib)  # an upper bound, not a wild one
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["small", "medium", "large"])
+def test_on_the_bundled_model_the_estimate_is_never_below_the_measured_peak_by_more_than_the_margin(size):
+    from bench._common import in_child
+    from bench.cost import measure
+
+    measured_row = in_child(measure, "bundled", size)  # a fresh process: its peak is this request's alone
+    for job in ("fit", "evaluate"):
+        estimated, peak = measured_row[job]
+        assert estimated >= peak - MARGIN_MIB, (job, estimated, peak)
