@@ -68,6 +68,8 @@ def measure(model: str, size: str) -> dict:
     lm = real_shaped() if model == "real-shaped" else _bundled()
     shape = Shape.of(lm.model)
     fit, evaluation = requests(size, shape.layers)
+    with torch.no_grad():  # page the weights in first: a memory-mapped checkpoint is read on first use
+        lm.model(input_ids=torch.tensor([[1, 2, 3]]))
     fit_peak, _, fitted = measured(lambda: fit.compute(lm))
     eval_peak, _, _ = measured(lambda: evaluation.compute(lm, fitted))
     return {"model": model, "size": size, "fit": (estimate(fit, shape).bytes / 2**20, fit_peak),
@@ -79,6 +81,37 @@ def _bundled():
     from ghosted.operators.checkpoint import load_any
 
     return load_any(BUNDLED_MODEL, dtype="float32", device="cpu")
+
+
+def budgets() -> str:
+    """docs/DEPLOY.md's table of the per-job and per-visitor budgets of each restricted deployment (from
+    ``ghosted.service.deploy``), with the estimates of the pages' defaults and of refused requests on the
+    bundled model's shape (``ghosted.service.cost``), so the page says what a visitor can and cannot cause."""
+    from ghosted.service import workbench as wb
+    from ghosted.service.cost import Shape, estimate
+    from ghosted.service.deploy import CLASSROOM, DEMO
+
+    rows = ["| deployment | per job: memory | per job: compute | per visitor: memory | per visitor: jobs | "
+            "prompts x characters | 2 workers at the job budget |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for cfg in (DEMO, CLASSROOM):
+        rows.append(f"| {cfg.name} | {cfg.max_job_gb:g} GB | {cfg.max_job_tflop:g} TFLOP | {cfg.max_visitor_gb:g} GB | "
+                    f"{cfg.max_visitor_jobs} | {cfg.max_prompts} x {cfg.max_prompt_chars:,} | "
+                    f"{2 * cfg.max_job_gb:g} GB |")
+    shape = Shape(layers=30, width=576, ffn=1536, vocab=49152, heads=9, kv_width=192, positions=8192)  # SmolLM2
+    fit = wb.FitRequest(layers=tuple(range(20, 26)))
+    cases = [("the Influence page's default report", wb.InfluenceRequest()),
+             ("the Recover page's default run (6 layers, 3 methods)", fit),
+             ("the Compare page's default evaluation (4,096 tokens in 512)", wb.EvalRequest(fit=fit)),
+             ("8,192 evaluation tokens in windows of 512", wb.EvalRequest(fit=fit, eval_tokens=8192)),
+             ("8,192 evaluation tokens in windows of 2,048", wb.EvalRequest(fit=fit, eval_tokens=8192,
+                                                                             eval_seq_len=2048)),
+             ("14 gaps, sequential, 11 methods", wb.FitRequest(layers=tuple(range(0, 28, 2)), ghost_mode="sequential",
+                                                               methods=tuple(f"m{i}" for i in range(11))))]
+    rows += ["", "| request on the bundled model | estimated memory | estimated compute |", "|---|---:|---:|"]
+    for what, request in cases:
+        cost = estimate(request, shape)
+        rows.append(f"| {what} | {cost.gb:,.2f} GB | {cost.tflop:,.1f} TFLOP |")
+    return "\n".join(rows)
 
 
 def table(rows: list[dict]) -> str:

@@ -15,7 +15,8 @@ Where each block comes from:
 - ``run:*`` (README, docs/REPRODUCTION.md): a ``python -m ghosted run --out`` results file in
   ``docs/results/runs/``, rendered by ``bench.run_tables``;
 - ``frontier:table`` (docs/REPRODUCTION.md): ``docs/results/frontier.json``, written by ``python -m bench.frontier``;
-- ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``.
+- ``load:classroom`` (docs/DEPLOY.md): ``bench/results/load.json``, written by ``python -m bench.load``;
+- ``deploy:budgets`` (docs/DEPLOY.md): the deployment presets and the cost model (``bench.cost.budgets``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,14 @@ def _scale_layerwise() -> Block:
     return Block(ROOT / "docs" / "SCALE.md", "scale:layerwise", "docs/results/layerwise.json", render)
 
 
+def _budgets() -> Block:
+    """docs/DEPLOY.md's budgets per job and per visitor, from the deployment presets and the cost model."""
+    from bench import cost
+
+    return Block(ROOT / "docs" / "DEPLOY.md", "deploy:budgets", "ghosted/service/deploy.py and ghosted/service/cost.py",
+                 cost.budgets)
+
+
 def blocks() -> list[Block]:
     """Every generated block of the documents, in document order."""
     found = [_methods(),
@@ -124,7 +133,7 @@ def blocks() -> list[Block]:
              _grid("grid:sink-cell", REPRODUCTION, "sink_cell"),
              _grid("grid:questions", REPRODUCTION, "three_questions"),
              _frontier(),
-             _classroom_load(), _scale_layerwise()]
+             _classroom_load(), _budgets(), _scale_layerwise()]
     for kind in SECTION_DOCS:
         found += [_section(kind, path) for path in sorted((RESULTS / kind).glob("*.json"))]
     return found

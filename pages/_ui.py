@@ -187,7 +187,8 @@ def backend() -> JobQueue:
         if _BACKEND is None:
             cfg = backend_settings()
             store = wb.shared_store(max_entries=cfg.shared_results, idle_s=cfg.idle_release_s)
-            _BACKEND = JobQueue(store, alive=session_alive, max_owner_jobs=cfg.max_visitor_jobs)
+            _BACKEND = JobQueue(store, alive=session_alive, max_owner_jobs=cfg.max_visitor_jobs,
+                                max_owner_gb=cfg.max_visitor_gb)
         return _BACKEND
 
 
@@ -272,13 +273,13 @@ def ask(name: str, request) -> None:
     answered from the store at once), after the one door's checks (``cost.admit``: the model checks of
     the command line, the deployment's budget per job); the request it replaces stops being waited for."""
     lm = load(st.session_state[MODEL])
-    admit(request, lm, deployment())
+    cost = admit(request, lm, deployment())
     key, me = request.key(), owner()
     superseded = st.session_state.get(name)
     if superseded is not None and superseded.key() != key:
         backend().cancel(superseded.key(), me)  # its panel is gone: nobody here waits for it any more
     st.session_state[name] = request
-    status = backend().submit(key, request.kind, work_of(request, lm), me)
+    status = backend().submit(key, request.kind, work_of(request, lm), me, gb=cost.gb)
     log_event("asked", key=key, kind=request.kind, owner=me, state=status.state)
 
 

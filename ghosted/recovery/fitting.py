@@ -278,7 +278,11 @@ def recover(model: nn.Module, drop, methods, calib_windows, heldout_windows=None
     fit_warnings = _conditioning_warnings(entries, stream_gaps, stats, cfg, calib_windows)
     ctx = FitContext(model, dropped, stream_gaps, block_gaps, stats, heldout, calib_windows, heldout_windows, cfg,
                      calib_cfg, rule, progress, calib_seconds, shared)
-    results = {entry.name: _fit_method(entry, ctx) for entry in entries}
+    results = {}
+    for entry in entries:
+        results[entry.name] = _fit_method(entry, ctx)
+        if progress is not None:  # a step per method: a caller can stop the fits between two (the app's Cancel)
+            progress(f"fitted {entry.name}", 1, 1)
     return RecoveryRun(dropped=dropped, base_layers=total, config=cfg, results=results,
                        calib_seconds=calib_seconds, protocol=dict(getattr(calib_windows, "protocol", {})),
                        sinks=sink_report(stats, detector) if wants_sinks else pd.DataFrame(),

@@ -239,15 +239,18 @@ def _on_fit(lever: Lever) -> Lever:
                  lever.least)
 
 
-_METHODS = Lever("the number of methods", lambda r: len(r.methods), lambda r, v: replace(r, methods=r.methods[:v]))
-_FIT_LEVERS = (_fit_lever("the sequence length (len)", "seq_len", 8), _fit_lever("the batch (batch)", "batch_size"),
-               _fit_lever("the sequences (n)", "calib_seqs"), _METHODS)
+_METHODS = Lever("the number of methods (methods)", lambda r: len(r.methods),
+                 lambda r, v: replace(r, methods=r.methods[:v]))
+_FIT_LEVERS = (_METHODS, _fit_lever("the sequence length (seq_len)", "seq_len", 8),  # methods first: the
+               _fit_lever("the batch (batch_size)", "batch_size"),  # compute of a run grows with them; its
+               _fit_lever("the sequences (calib_seqs)", "calib_seqs"))  # memory does not (then seq_len is next)
 LEVERS = {  # request kind -> its settings, the first to lower first
     "fit": _FIT_LEVERS,
-    "influence": (_fit_lever("the sequence length", "seq_len", 8), _fit_lever("the sequences", "calib_seqs")),
-    "evaluate": (_fit_lever("the evaluation window (window)", "eval_seq_len", 16),
-                 _fit_lever("the evaluation tokens (tokens)", "eval_tokens", 64),
-                 *(_on_fit(lever) for lever in _FIT_LEVERS[1:])),
+    "influence": (_fit_lever("the sequence length (seq_len)", "seq_len", 8),
+                  _fit_lever("the sequences (calib_seqs)", "calib_seqs")),
+    "evaluate": (_fit_lever("the evaluation window (eval_seq_len)", "eval_seq_len", 16),
+                 _fit_lever("the evaluation tokens (eval_tokens)", "eval_tokens", 64),
+                 *(_on_fit(lever) for lever in _FIT_LEVERS[2:])),  # a run's batch and sequences
     "generate": (Lever("the number of prompts", lambda r: len(r.prompts),
                        lambda r, v: replace(r, prompts=r.prompts[:v])),
                  _fit_lever("the new tokens", "new_tokens")),

@@ -43,6 +43,7 @@ class DeployConfig:
     max_job_gb: float | None = None  # estimated peak memory of one job (ghosted.service.cost), weights not counted
     max_job_tflop: float | None = None  # estimated compute of one job, in 10**12 floating-point operations
     max_visitor_jobs: int | None = None  # jobs one visitor may have queued or running at once
+    max_visitor_gb: float | None = None  # estimated memory of those jobs together
     model_dtype: str | None = None  # the one dtype the shared model is loaded in; None: the visitor's choice
     model_device: str | None = None  # the one device it is loaded on; None: the visitor's choice
     max_probe_tokens: int | None = None  # tokens read by the token view or the lens (one pass per variant)
@@ -200,7 +201,7 @@ DEMO = DeployConfig(  # a public CPU demo (e.g. a 2-vCPU Space): small, safe, no
     name="demo", models=(BUNDLED_MODEL,), allow_local_paths=False, allow_hub_datasets=False,
     allow_trust_remote_code=False, allow_model_download=False, max_calib_tokens=8192,
     max_eval_tokens=8192, max_upload_mb=5, max_new_tokens=64, max_probe_tokens=256, allow_costly_criteria=False,
-    max_prompts=8, max_prompt_chars=2000, max_job_gb=4.0, max_job_tflop=20.0, max_visitor_jobs=3,
+    max_prompts=8, max_prompt_chars=2000, max_job_gb=4.0, max_job_tflop=20.0, max_visitor_jobs=3, max_visitor_gb=6.0,
     model_dtype="auto", model_device="auto",
     stats_cache_gb=2.0, shared_results=48, idle_release_s=20 * 60)
 CLASSROOM = DeployConfig(  # a shared teaching server: small hub models, room for real runs
@@ -209,8 +210,8 @@ CLASSROOM = DeployConfig(  # a shared teaching server: small hub models, room fo
     allow_local_paths=False, allow_hub_datasets=True, allow_trust_remote_code=False,
     allow_model_download=False, max_calib_tokens=32768, max_eval_tokens=32768, max_upload_mb=20,
     max_new_tokens=128, max_probe_tokens=512, max_prompts=16, max_prompt_chars=4000, max_job_gb=8.0,
-    max_job_tflop=80.0, max_visitor_jobs=4, model_dtype="auto", model_device="auto", stats_cache_gb=10.0,
-    shared_results=96, idle_release_s=45 * 60)
+    max_job_tflop=80.0, max_visitor_jobs=4, max_visitor_gb=12.0, model_dtype="auto", model_device="auto",
+    stats_cache_gb=10.0, shared_results=96, idle_release_s=45 * 60)
 PRESETS = {"local": LOCAL, "demo": DEMO, "classroom": CLASSROOM}
 
 

@@ -126,6 +126,7 @@ class _Job:
     ended: threading.Event = field(default_factory=threading.Event)
     alive_checked: float = 0.0
     timed: bool = True  # its duration feeds the wait estimates (not a server's warm-up job)
+    gb: float = 0.0  # estimated peak memory (ghosted.service.cost), counted against its owners' bound
 
 
 class JobQueue:
@@ -133,8 +134,9 @@ class JobQueue:
 
     def __init__(self, store: ResultStore | None = None, workers: int | None = None, threads_per_job: int | None = None,
                  alive: Callable[[str], bool] | None = None, clock: Callable[[], float] = time.monotonic,
-                 log: str | None = None, max_owner_jobs: int | None = None):
+                 log: str | None = None, max_owner_jobs: int | None = None, max_owner_gb: float | None = None):
         self.max_owner_jobs = max_owner_jobs  # jobs one owner may have queued or running; None: any number
+        self.max_owner_gb = max_owner_gb  # estimated memory of those jobs together; None: no bound
         self.store = store if store is not None else ResultStore()
         self.threads_per_job = max(1, threads_per_job or default_threads())  # torch threads each job runs with
         self.workers = workers or default_workers(threads_per_job=self.threads_per_job)
@@ -151,18 +153,20 @@ class JobQueue:
 
     # --- what a session calls -----------------------------------------------------------------------
 
-    def submit(self, key: str, kind: str, work: Callable, owner: str, timed: bool = True) -> JobStatus:
+    def submit(self, key: str, kind: str, work: Callable, owner: str, timed: bool = True, gb: float = 0.0
+               ) -> JobStatus:
         """Queue ``work(progress)`` under ``key`` for ``owner``; joins an identical job, or answers from
         the store. Returns at once. ``timed=False``: its duration is left out of the wait estimates (a
-        server's warm-up, which runs while the server starts and would make every estimate too long)."""
+        server's warm-up, which runs while the server starts and would make every estimate too long). ``gb``:
+        the job's estimated memory (``ghosted.service.cost``), counted against its owner's ``max_owner_gb``."""
         if (result := self.store.get(key)) is not None:
             return JobStatus(key, kind, "done", result=result)
         with self._cond:
             job = self._jobs.get(key)
             if job is None:
-                self._check_owner_jobs(owner)
+                self._check_owner_jobs(owner, gb)
                 self._ended.pop(key, None)
-                job = self._jobs[key] = _Job(key, kind, work, timed=timed)
+                job = self._jobs[key] = _Job(key, kind, work, timed=timed, gb=gb)
                 self._waiting.append(key)
                 self._start_workers()
                 self._cond.notify()
@@ -175,12 +179,17 @@ class JobQueue:
         with self._cond:
             return [key for key, job in self._jobs.items() if owner in job.owners]
 
-    def _check_owner_jobs(self, owner: str) -> None:
-        """Refuse a new job of an owner that already waits for ``max_owner_jobs`` (joining one is free)."""
+    def _check_owner_jobs(self, owner: str, gb: float) -> None:
+        """Refuse a new job of an owner that already waits for ``max_owner_jobs``, or whose jobs' estimated
+        memory would pass ``max_owner_gb`` with it (joining an existing job is free)."""
         mine = [job for job in self._jobs.values() if owner in job.owners]
         if self.max_owner_jobs is not None and len(mine) >= self.max_owner_jobs:
             raise JobRefused(f"You already have {len(mine)} jobs queued or running, the most one visitor may "
                              f"have here: cancel one or wait for it to end.")
+        held = sum(job.gb for job in mine)
+        if self.max_owner_gb is not None and held + gb > self.max_owner_gb:
+            raise JobRefused(f"Your jobs queued or running need about {held:,.1f} GB and this one {gb:,.1f} GB more, "
+                             f"over the {self.max_owner_gb:g} GB one visitor may use here: wait for one to end.")
 
     def status(self, key: str, owner: str | None = None) -> JobStatus | None:
         """A snapshot of ``key``'s job (None when the queue and the store know nothing of it)."""

@@ -300,7 +300,8 @@ class EvalRequest(_Request):
 
         spec = self.spec_of(lm)
         validate.check_run_model(spec, validate.facts_of_model(lm.model))  # the window against the positions first
-        validate.check_eval_size(spec.evaluation.eval_tokens, validate.eval_window(spec.flat()))
+        flat = spec.flat()  # the command line's names
+        validate.check_eval_size(flat.eval_tokens, validate.eval_window(flat))
 
     def spec_of(self, lm) -> ExperimentSpec:
         """The fit's spec scoring ``eval_tokens`` of ``text`` in windows of ``eval_seq_len``."""

@@ -54,16 +54,20 @@ def _wait_healthy(url: str, server: subprocess.Popen, limit_s: float = 120) -> N
 
 
 @contextmanager
-def served_app() -> Iterator[str]:
-    """``streamlit run app.py`` headless on a free loopback port (full app, offline); yields its URL."""
+def served_app(environment: dict | None = None, pids: list | None = None) -> Iterator[str]:
+    """``streamlit run app.py`` headless on a free loopback port (full app, offline); yields its URL.
+    ``environment``: variables set for the server (a deployment, a results folder); ``pids`` gets its pid."""
     port = _free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("GHOSTED_DEMO", None)
     env.pop("GHOSTED_DEPLOY", None)
+    env.update(environment or {})
     cmd = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless=true",
            f"--server.port={port}", "--server.address=127.0.0.1", "--browser.gatherUsageStats=false",
            "--server.fileWatcherType=none"]
     server = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if pids is not None:
+        pids.append(server.pid)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, server)

@@ -162,7 +162,8 @@ def test_recover_reports_every_stage_to_its_end():
             progress=recorder, cache=False)
     assert_every_stage_completes(recorder)
     stages = {stage: total for stage, _, total in recorder.calls}
-    assert stages == {"calibration": 2, "held-out statistics": 1, "ghost-auto: choosing per gap": 1}
+    assert stages == {"calibration": 2, "held-out statistics": 1, "ghost-auto: choosing per gap": 1,
+                      "fitted none": 1, "fitted ghost": 1, "fitted ghost-auto": 1}
 
 
 def test_sequential_fits_report_each_gap():
@@ -175,7 +176,8 @@ def test_sequential_fits_report_each_gap():
     labels = [run[0][0] for run in recorder.stages()]
     assert labels[:2] == ["calibration", "held-out statistics"]
     assert labels[2:] == ["sequential fit of gap [1, 2)", "held-out statistics of gap [1, 2)",
-                          "sequential fit of gap [4, 5)", "held-out statistics of gap [4, 5)"]
+                          "sequential fit of gap [4, 5)", "held-out statistics of gap [4, 5)",
+                          "fitted ghost"]  # a step after each method: where a cancelled fit stops
 
 
 def test_influence_reports_the_pass_and_the_per_layer_criteria():

@@ -312,3 +312,20 @@ def test_a_worker_that_dies_is_replaced_and_its_job_ends_as_failed(monkeypatch):
     assert queue.wait("doomed", WAIT).state == "failed"
     queue.submit("next", "fit", lambda progress: 2, "alice")
     assert queue.wait("next", WAIT).state == "done" and queue.store.get("next") == 2
+
+
+def test_a_visitors_jobs_together_stay_within_the_visitors_memory_budget():
+    from ghosted.service.jobs import JobRefused
+
+    queue = JobQueue(workers=1, max_owner_gb=6.0)
+    gates = [Gate(i) for i in range(3)]
+    queue.submit("a", "evaluate", gates[0], "alice", gb=4.0)
+    with pytest.raises(JobRefused, match=r"about 4.0 GB and this one 2.5 GB more, over the 6 GB"):
+        queue.submit("b", "evaluate", gates[1], "alice", gb=2.5)
+    queue.submit("b", "evaluate", gates[1], "bob", gb=2.5)  # the budget is each visitor's own
+    queue.submit("c", "fit", gates[2], "alice", gb=1.5)
+    for gate in gates:
+        gate.opened.set()
+    assert [queue.wait(k, WAIT).state for k in "abc"] == ["done"] * 3
+    queue.submit("d", "evaluate", lambda progress: "d", "alice", gb=5.0)  # the ended ones no longer count
+    assert queue.wait("d", WAIT).state == "done"
