@@ -19,17 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._common import RESULTS, ROOT, command_line, machine, table, today
 
-from bench._common import RESULTS, ROOT, command_line, ensure_path, machine, table, today
-
-ensure_path()
-
-import pandas as pd  # noqa: E402
+import pandas as pd
 
 METHODS = ["dense", "none", "ghost", "layer-ls", "streamline-layer"]
 RESULT_FILE = RESULTS / "frontier.json"  # the rows every number of the section comes from
