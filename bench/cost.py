@@ -76,6 +76,27 @@ def measure(model: str, size: str) -> dict:
             "evaluate": (estimate(evaluation, shape, refit=False).bytes / 2**20, eval_peak)}
 
 
+def measure_evaluation(window: int, windows: int, batch: int) -> tuple[float, float]:
+    """In a child: (estimated, measured peak) MiB of an evaluation of ``windows`` windows of ``window`` tokens,
+    ``batch`` at a time, on the random model of a real vocabulary (a fresh process: no other thread's memory)."""
+    import dataclasses
+
+    import torch
+
+    from ghosted.service import workbench as wb
+    from ghosted.service.cost import Shape, estimate
+
+    torch.set_num_threads(1)
+    lm = real_shaped()
+    fit = wb.FitRequest(model="real", layers=(2,), calib_seqs=4, seq_len=64, heldout_seqs=2, methods=("ghost",),
+                        batch_size=batch)
+    fitted = fit.compute(lm)
+    request = wb.EvalRequest(fit=dataclasses.replace(fit, batch_size=batch), eval_tokens=window * windows,
+                             eval_seq_len=window)
+    peak, _, _ = measured(lambda: request.compute(lm, fitted))
+    return estimate(request, Shape.of(lm.model), refit=False).bytes / 2**20, peak
+
+
 def _bundled():
     from ghosted.models.assets import BUNDLED_MODEL
     from ghosted.operators.checkpoint import load_any
