@@ -377,13 +377,7 @@ def save(model, path, tokenizer=None, recipe=None, **save_options):
     return save_recovered(_model_of(model), path, tokenizer, recipe, **save_options)
 
 
-def save_recovered(model, path, tokenizer=None, recipe=None, **save_options):
-    """Same as ``save``: ``ghosted.operators.checkpoint.save_recovered``.
-
-    Example:
-        >>> ghosted.save_recovered(model, "out", lm, recipe=run)
-    """
-    return save(model, path, tokenizer, recipe, **save_options)
+save_recovered = save  # the same function under the name of ghosted.operators.checkpoint's
 
 
 def load_recovered(path, device: str = "auto", dtype: str = "auto", **options):

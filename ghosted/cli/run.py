@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
 
 
 def handle(args) -> int:
-    from ghosted.experiments.spec import load_spec
+    from ghosted.experiments.spec_files import load_spec
     from ghosted.experiments.spec_flags import spec_from_args
     from ghosted.experiments.run import format_table, run_experiment
     from ghosted.experiments.plans import plan_run

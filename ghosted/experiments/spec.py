@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from pathlib import Path
 from types import SimpleNamespace
 
-from ghosted.core.untrusted import read_json_file
 from ghosted.models.assets import BUNDLED_MODEL
+from ghosted.experiments.spec_help import (TEXT_CHOICES, comma_list, methods_help_text, parse_task_list,
+                                           protocol_choices, protocol_help, select_help)
 from ghosted.recovery.methods import DEFAULT
 
 SPEC_VERSION = 1  # bumped when a field changes meaning
@@ -33,47 +33,6 @@ def _option(default, flag: str, help, **extra):
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
-
-
-def _methods_help() -> str:
-    from ghosted.recovery.methods import methods_help
-
-    return methods_help()
-
-
-def _select_help() -> str:
-    from ghosted.selection.criteria import alias_text
-
-    return ("instead of --drop, let this influence criterion choose the layers (see 'python -m ghosted "
-            "influence --help'), e.g. recoverability; aliases: " + alias_text() + "; prunecomp:<criterion> "
-            "runs Prune&Comp's iterative prune-and-compensate loop on it")
-
-
-def _protocol_choices() -> list[str]:
-    from ghosted.evaluation.protocols import PROTOCOLS
-
-    return list(PROTOCOLS)
-
-
-def _protocol_help() -> str:
-    from ghosted.evaluation.protocols import PROTOCOLS
-
-    return ("perplexity preset: " + "; ".join(f"{k}: {v.note}" for k, v in PROTOCOLS.items())
-            + ". Without it, --eval, --eval-tokens and --eval-seq-len apply")
-
-
-def _parse_tasks(text: str) -> list[str]:
-    from ghosted.evaluation.zeroshot import parse_tasks
-
-    return parse_tasks(text)
-
-
-def _comma_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-_TEXT_CHOICES = ("bundled:news, bundled:wiki, a plain-text file (any extension, UTF-8) or a .jsonl file, or a "
-                 "dataset name (wikitext-2-raw-v1, c4, ptb, hf:NAME[:CONFIG]) when online")
 
 
 @dataclass
@@ -100,7 +59,7 @@ class CalibrationSpec:
     """The calibration windows: which text, how many, how long, which ones, and how many held out."""
 
     source: str = _option("bundled:news", "--calib",  # calibration text (paper: C4 train)
-                          "calibration text: " + _TEXT_CHOICES, option="calib")
+                          "calibration text: " + TEXT_CHOICES, option="calib")
     calib_seqs: int = _option(32, "--calib-seqs",  # windows fitted (paper: 32 for the ghost operator)
                               "calibration sequences (default 32)", offered=(1, 4096))
     seq_len: int = _option(256, "--seq-len",  # tokens per calibration window (paper: 2048)
@@ -141,12 +100,12 @@ class EvaluationSpec:
     eval_seq_len: int = _option(512, "--eval-seq-len",  # perplexity window (paper: 2048)
                                 "perplexity window (default 512)", offered=(16, 32768))
     protocol: str = _option("", "--protocol",  # a preset of evaluation.protocols ("paper", "bundled"); "": the above
-                            _protocol_help, choices=_protocol_choices)
+                            protocol_help, choices=protocol_choices)
     tasks: list[str] = _option([], "--tasks",  # zero-shot tasks: "bundled-lastword", lm-eval task names
                                "comma list of tasks scored for every method: bundled-lastword (offline, the last "
                                "word of bundled Wikipedia paragraphs) and lm-evaluation-harness task names (e.g. "
                                "arc_easy, hellaswag; online, needs requirements-eval.txt). A task that cannot be "
-                               "loaded is skipped", parse=_parse_tasks)
+                               "loaded is skipped", parse=parse_task_list)
     task_limit: int | None = _option(None, "--task-limit",  # examples per task (None: all)
                                      "examples per task (None: all; bundled-lastword has 500)", metavar="N")
     num_fewshot: int = _option(0, "--num-fewshot",  # few-shot examples per task (the paper: zero-shot)
@@ -160,7 +119,7 @@ class LayersSpec:
     drop: str = _option("", "--drop",  # 0-based, ranges inclusive, e.g. "20-26" or "3,7,9-11"
                         "layers to remove, 0-based, ranges inclusive: '20-26' or '3,7,9-11'")
     select: str = _option("", "--select",  # or a criterion of ghosted.selection.criteria.CRITERIA chooses them
-                          _select_help, metavar="METRIC")
+                          select_help, metavar="METRIC")
     n: int = _option(0, "--n",  # how many layers ``select`` removes
                      "how many layers --select removes")
 
@@ -218,7 +177,7 @@ class ExperimentSpec:
     evaluation: EvaluationSpec = field(default_factory=EvaluationSpec)  # 16384 tokens of bundled:wiki, window 512
     layers: LayersSpec = field(default_factory=LayersSpec)  # none: give drop, or select and n
     methods: list[str] = _option(["dense", "none", DEFAULT], "--methods",  # ghost-auto: the paper's fit
-                                 _methods_help, parse=_comma_list)  # or the sink-robust one per gap
+                                 methods_help_text, parse=comma_list)  # or the sink-robust one per gap
     recovery: RecoverySpec = field(default_factory=RecoverySpec)  # the paper's ridge and solver, independent fits
 
     def to_dict(self) -> dict:
@@ -409,30 +368,3 @@ def _warn_remote_code_ignored(source: str) -> None:
     warnings.warn(f"The experiment spec asks for trust_remote_code (running the Python code shipped with {source}); "
                   "it is never taken from a file. Give --trust-remote-code (trust_remote_code=True in the API) "
                   "yourself if you trust that code.", UserWarning, stacklevel=3)
-
-
-# ------------------------------------------------------------------------------------ files
-def load_spec(path: str | Path) -> ExperimentSpec:
-    """The spec held by a results JSON (``run --out``), a ``ghosted_recipe.json``, the app's recipe, or a
-    saved model folder (its recipe)."""
-    from ghosted.models.loading import RECIPE_FILE
-    from ghosted.operators.checkpoint import NO_SPEC
-
-    file = Path(path)
-    if file.is_dir():
-        file = file / RECIPE_FILE
-    if not file.exists():
-        raise FileNotFoundError(f"No recipe at {file}: give a results JSON (run --out), a {RECIPE_FILE} or the "
-                                "folder of a saved model.")
-    data = read_json_file(file, "recipe")  # a regular file of bounded size, read once
-    spec = data.get("spec") if isinstance(data, dict) else None
-    if spec is None:
-        key = data.get("no_spec") if isinstance(data, dict) else None  # untrusted: only a known key is read
-        why = NO_SPEC.get(key, NO_SPEC["older"]) if isinstance(key, str) else NO_SPEC["older"]
-        raise ValueError(f"{file} holds no experiment spec: {why}. Rerun it with flags (its \"config\" or "
-                         "\"settings\" say which); loading a model saved with it still works.")
-    try:
-        return ExperimentSpec.from_dict(spec)
-    except (TypeError, ValueError) as err:  # the same kind, naming the file
-        raise type(err)(f"{file}: {err}") from None
-

@@ -50,13 +50,6 @@ _KINDS = {StreamOperator: "stream", BranchOperator: "branch", RobustStreamOperat
 
 
 # --------------------------------------------------------------------------------------- saving
-# Why a recipe holds no experiment spec (its "no_spec"), in the words `run --recipe` says it with.
-NO_SPEC = {"windows": "its model was fitted on calibration windows no spec draws again (held-out windows given "
-                      "beside them, an in-memory text, or a recover() call outside a session)",
-           "no-run": "its model was saved without the run that made it (no recipe=run given to save)",
-           "older": "it was written by an older Ghosted, before results and recipes recorded the spec"}
-
-
 def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=None,
                    overwrite: bool = False, spec=None, **save_options) -> Path:
     """Write ``model`` (a recovered or plain pruned model) to the folder ``path``; return it.
@@ -95,7 +88,7 @@ def save_recovered(model: nn.Module, path: str | Path, tokenizer=None, recipe=No
     if spec is not None:
         full["spec"] = spec.to_dict() if hasattr(spec, "to_dict") else dict(spec)  # an ExperimentSpec, or its dict
     else:  # what `run --recipe` will say it lacks
-        full["no_spec"] = "windows" if hasattr(recipe, "results") else "no-run"
+        full["no_spec"] = "windows" if hasattr(recipe, "results") else "no-run"  # spec_files.NO_SPEC says why
     previous = ghosted_files(out) if overwrite and out.is_dir() else None
     with staged_folder(out) as staged:
         try:

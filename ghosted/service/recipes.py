@@ -1,7 +1,7 @@
 """The app's downloads of a run: its recipe and its full report.
 
 The recipe is in the format of a saved model's ``ghosted_recipe.json`` (the same ``format``,
-``format_version`` and field names), so one reader serves every recipe: ``spec.load_spec`` takes the
+``format_version`` and field names), so one reader serves every recipe: ``spec_files.load_spec`` takes the
 ``spec`` it holds, and ``python -m ghosted run --recipe`` reruns it. Pages only offer these for download.
 """
 

@@ -78,7 +78,7 @@ def test_the_save_box_refuses_what_it_must_and_overwrites_only_when_asked(app, t
     no_exception(at)
     assert not errors(at) and (model / RECIPE_FILE).exists()
     assert (model / "notes.txt").read_text() == "the user's"  # overwrite replaces the model, keeps the rest
-    from ghosted.experiments.spec import load_spec  # the spec, as `export` saves it: that variant alone
+    from ghosted.experiments.spec_files import load_spec  # the spec, as `export` saves it: that variant alone
 
     spec = load_spec(model)
     assert (spec.layers.drop, spec.methods) == ("20-21", ["ghost"])

@@ -13,7 +13,8 @@ def test_freeze_hides_what_is_alive_and_thaw_gives_it_back():
     kept = [[i] for i in range(1000)]  # long-lived objects, as a loaded model's modules
     try:
         frozen = heap.freeze_long_lived()
-        assert frozen >= len(kept) and gc.get_freeze_count() == frozen
+        # other threads (an earlier test's job workers) may free a few frozen objects meanwhile, never add any
+        assert frozen >= len(kept) and len(kept) <= gc.get_freeze_count() <= frozen
     finally:
         heap.thaw()
     assert gc.get_freeze_count() == 0

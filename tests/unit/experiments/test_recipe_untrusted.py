@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from ghosted.cli import main
-from ghosted.experiments.spec import ExperimentSpec, load_spec
+from ghosted.experiments.spec import ExperimentSpec
+from ghosted.experiments.spec_files import load_spec
 from tests.properties import bounded_memory
 
 

@@ -88,7 +88,7 @@ def test_one_model_is_scored_by_the_plain_pass(monkeypatch):
 
 def test_every_save_of_a_session_fit_writes_its_spec(tmp_path):
     import ghosted
-    from ghosted.experiments.spec import load_spec
+    from ghosted.experiments.spec_files import load_spec
     import torch
 
     from ghosted.data.windows import TokenWindows
@@ -123,7 +123,7 @@ def test_nothing_in_the_library_filters_methods_by_name():
 def test_a_fit_on_calibrated_windows_saves_a_spec_that_draws_them_again(tmp_path):
     import ghosted
     from ghosted.experiments.session import Session
-    from ghosted.experiments.spec import load_spec
+    from ghosted.experiments.spec_files import load_spec
 
     lm = tiny_loaded(6)
     calib = ghosted.calibrate(lm, "bundled:news", calib_seqs=3, seq_len=24, seed=5)
@@ -143,8 +143,8 @@ def test_a_recipe_without_a_spec_says_what_it_lacks(tmp_path):
     import json
 
     import ghosted
-    from ghosted.experiments.spec import load_spec
-    from ghosted.operators.checkpoint import NO_SPEC
+    from ghosted.experiments.spec_files import load_spec
+    from ghosted.experiments.spec_files import NO_SPEC
 
     lm = tiny_loaded(6)
     fit, held = ghosted.calibrate(lm, calib_seqs=3, seq_len=24), ghosted.calibrate(lm, calib_seqs=2, seq_len=24, seed=9)

@@ -7,7 +7,8 @@ import shlex
 import pytest
 
 from ghosted.cli import build_parser, main
-from ghosted.experiments.spec import ExperimentSpec, _flat_name, _leaves, load_spec
+from ghosted.experiments.spec import ExperimentSpec, _flat_name, _leaves
+from ghosted.experiments.spec_files import load_spec
 from ghosted.experiments.spec_flags import add_spec_args, command, spec_from_args
 
 SMALL = ["--calib-seqs", "4", "--seq-len", "64", "--heldout-seqs", "2", "--eval-tokens", "256",

@@ -14,7 +14,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from ghosted.cli import main
-from ghosted.experiments.spec import ExperimentSpec, _leaves, load_spec
+from ghosted.experiments.spec import ExperimentSpec, _leaves
+from ghosted.experiments.spec_files import load_spec
 from tests.properties import assert_refusal, bounded_memory, examples
 
 REFUSALS = (ValueError, TypeError, FileNotFoundError)
