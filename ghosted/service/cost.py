@@ -191,18 +191,24 @@ def zeroshot_cost(request: wb.ZeroShotRequest, shape: Shape) -> Cost:
     return Cost("zeroshot", parts, flop)
 
 
-def probe_cost(request, shape: Shape) -> Cost:
-    """A probe of the Compare page reads one short text (``max_tokens``) under every variant: the token view
-    keeps each token's loss (the evaluation's logit copies), the lens reads logits at every layer boundary."""
-    lens = request.kind == "lens"
-    copies = shape.layers + 1 if lens else LOGIT_COPIES["evaluate"]
-    parts = forward_bytes(shape, 1, request.max_tokens, copies)
-    variants = len(request.fit.methods) + 2
-    return Cost(request.kind, parts, variants * shape.layers * layer_flop(shape, request.max_tokens))
+def token_view_cost(request, shape: Shape) -> Cost:
+    """The token view: a pass per variant over the first ``max_tokens`` tokens of one text."""
+    parts = forward_bytes(shape, 1, request.max_tokens, LOGIT_COPIES["evaluate"])
+    flop = (len(request.fit.methods) + 2) * shape.layers * layer_flop(shape, request.max_tokens)
+    return Cost("token_losses", parts, flop)
+
+
+def lens_cost(request, shape: Shape) -> Cost:
+    """The logit lens: a pass per variant, every layer's stream read through the head (logits per layer)."""
+    parts = forward_bytes(shape, 1, request.max_tokens, 2 * (shape.layers + 1))
+    flop = (len(request.fit.methods) + 2) * (shape.layers * layer_flop(shape, request.max_tokens)
+                                             + 2.0 * (shape.layers + 1) * request.max_tokens * shape.width
+                                             * shape.vocab)
+    return Cost("lens", parts, flop)
 
 
 ESTIMATES = {"fit": fit_cost, "influence": influence_cost, "evaluate": eval_cost, "generate": generation_cost,
-             "zeroshot": zeroshot_cost, "token_losses": probe_cost, "lens": probe_cost}  # request kind -> estimate
+             "zeroshot": zeroshot_cost, "token_losses": token_view_cost, "lens": lens_cost}  # kind -> its estimate
 
 
 def estimate(request, shape: Shape, refit: bool = True) -> Cost:
@@ -254,7 +260,9 @@ LEVERS = {  # request kind -> its settings, the first to lower first
     "generate": (Lever("the number of prompts", lambda r: len(r.prompts),
                        lambda r, v: replace(r, prompts=r.prompts[:v])),
                  _fit_lever("the new tokens", "new_tokens")),
-    "zeroshot": (_fit_lever("the examples per task", "task_limit"),),
+    "zeroshot": (_fit_lever("the examples per task (task_limit)", "task_limit"),),
+    "token_losses": (_fit_lever("the tokens read (max_tokens)", "max_tokens", 2),),
+    "lens": (_fit_lever("the tokens read (max_tokens)", "max_tokens", 2),),
 }
 
 
@@ -288,7 +296,8 @@ def check_budget(request, shape: Shape, cfg: DeployConfig) -> Cost:
     if excess is None:
         return cost
     what = "This " + {"fit": "run", "influence": "influence report", "evaluate": "evaluation",
-                      "generate": "generation", "zeroshot": "zero-shot evaluation"}[request.kind]
+                      "generate": "generation", "zeroshot": "zero-shot evaluation", "token_losses": "token view",
+                      "lens": "lens"}[request.kind]
     for lever in LEVERS[request.kind]:
         value = _largest_fitting(request, lever, shape, cfg)
         if value is not None:

@@ -66,6 +66,20 @@ def test_the_page_defaults_fit_every_budget():
             check_budget(request, SMOLLM2, cfg)
 
 
+def test_every_request_the_app_queues_has_an_estimate_and_a_setting_to_lower():
+    from ghosted.service import probes
+
+    requests = [wb.InfluenceRequest(), FIT, wb.EvalRequest(fit=FIT), wb.ZeroShotRequest(fit=FIT),
+                wb.GenerationRequest(fit=FIT, prompts=("a",)), probes.TokenLossRequest(fit=FIT, passage="a b c"),
+                probes.LensRequest(fit=FIT, prompt="a b c")]
+    kinds = {cls.kind for module in (wb, probes) for cls in vars(module).values()
+             if isinstance(cls, type) and issubclass(cls, wb._Request) and cls.kind}
+    assert kinds == {r.kind for r in requests} and kinds <= set(LEVERS)
+    for request in requests:
+        assert estimate(request, SMOLLM2).bytes > 0
+        check_budget(request, SMOLLM2, DEMO)  # each page's default fits the demo
+
+
 def test_generation_prompts_are_bounded_in_count_and_characters():
     with pytest.raises(DeployRefusal, match="500 prompts.*at most 8"):
         wb.GenerationRequest(prompts=("x" * 27_600,) * 500).check(DEMO)
@@ -77,9 +91,12 @@ def test_generation_prompts_are_bounded_in_count_and_characters():
 @given(kind=st.sampled_from(sorted(LEVERS)), index=st.integers(0, 4), lower=st.integers(1, 64))
 @examples("cost_grows_with_every_lever")
 def test_lowering_a_lever_never_raises_the_cost(kind, index, lower):
+    from ghosted.service import probes
+
     request = {"fit": FIT, "influence": wb.InfluenceRequest(), "evaluate": wb.EvalRequest(fit=FIT),
                "generate": wb.GenerationRequest(fit=FIT, prompts=("a b c",) * 6),
-               "zeroshot": wb.ZeroShotRequest(fit=FIT)}[kind]
+               "zeroshot": wb.ZeroShotRequest(fit=FIT), "token_losses": probes.TokenLossRequest(fit=FIT, passage="a"),
+               "lens": probes.LensRequest(fit=FIT, prompt="a")}[kind]
     lever = LEVERS[kind][index % len(LEVERS[kind])]
     value = lever.read(request)
     cheaper = lever.write(request, max(lever.least, value - lower))
