@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -124,9 +125,13 @@ def in_child(job: Callable, *args, timeout: float = 3600):
     proc = ctx.Process(target=_child, args=(job, args, child))
     saved = {k: os.environ.get(k) for k in _MALLOC_ENV}
     os.environ.update(_MALLOC_ENV)  # read by the child's C library at start-up
+    main = sys.modules.get("__main__")
+    if getattr(job, "__module__", None) != "__main__":  # the child need not run whatever runs as main: under
+        sys.modules["__main__"] = types.ModuleType("__main__")  # a test, an app script an AppTest ran there
     try:
         proc.start()
     finally:
+        sys.modules["__main__"] = main
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     child.close()
